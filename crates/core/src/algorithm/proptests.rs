@@ -1,0 +1,1 @@
+//! Property tests of the algorithms' invariants over random request sequences.

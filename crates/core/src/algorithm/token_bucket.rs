@@ -1,0 +1,115 @@
+//! Token bucket: up to `capacity` tokens, refilled continuously at an exact integer rate.
+//!
+//! Tokens are held in units (`unit` per token, `rate` gained per microsecond), so refill is
+//! exact integer arithmetic. A missing bucket is full; the state expires when the bucket would
+//! be full again.
+
+use crate::{Decision, TokenBucket};
+
+use super::Outcome;
+
+/// A token bucket's stored state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Tokens in units (see [`TokenBucket::unit`]), at time `updated`.
+    pub level: u64,
+    /// The effective time of the last write, in microseconds. Never moves backwards.
+    pub updated: u64,
+}
+
+/// Applies `cost` at `now`; see [`super::apply`].
+pub fn apply(
+    state: &mut Option<TokenBucketState>,
+    p: &TokenBucket,
+    now: u64,
+    cost: u64,
+    commit: bool,
+) -> Outcome {
+    let cap = p.capacity_units();
+    let (stored, updated) = state.map_or((cap, now), |s| (s.level.min(cap), s.updated));
+    let eff = now.max(updated);
+    let mut elapsed = eff - updated;
+    if let Some(max) = p.max_elapsed_micros {
+        elapsed = elapsed.min(max);
+    }
+    let to_full = (cap - stored).div_ceil(p.rate);
+    let level = if elapsed >= to_full { cap } else { stored + elapsed * p.rate };
+
+    let need = cost * p.unit;
+    let allowed = level >= need;
+    let level = if allowed { level - need } else { level };
+    let retry_after = (!allowed).then(|| eff + (need - level).div_ceil(p.rate) - now);
+    let reset_after = eff + (cap - level).div_ceil(p.rate) - now;
+
+    let ttl_micros = commit.then(|| {
+        *state = Some(TokenBucketState { level, updated: eff });
+        reset_after.max(1)
+    });
+    Outcome {
+        decision: Decision::shared(allowed, p.capacity, level / p.unit, retry_after, reset_after),
+        ttl_micros,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algorithm, Policy, Rate};
+    use std::time::Duration;
+
+    fn tb(capacity: u64, rate: Rate) -> TokenBucket {
+        match *Policy::token_bucket(capacity, rate).unwrap().algorithm() {
+            Algorithm::TokenBucket(t) => t,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn missing_bucket_is_full_and_drains_by_cost() {
+        let p = tb(10, Rate::per_second(2));
+        let mut s = None;
+        let out = apply(&mut s, &p, 1_000_000, 7, true);
+        assert!(out.decision.allowed);
+        assert_eq!(out.decision.remaining, 3);
+        assert_eq!(out.decision.reset_after, Duration::from_millis(3500));
+        assert_eq!(out.ttl_micros, Some(3_500_000));
+    }
+
+    #[test]
+    fn denies_when_cost_exceeds_remaining_with_exact_retry() {
+        let p = tb(10, Rate::per_second(2));
+        let mut s = None;
+        apply(&mut s, &p, 0, 10, true);
+        let out = apply(&mut s, &p, 100_000, 3, true);
+        assert!(!out.decision.allowed);
+        // 0.2 tokens refilled after 100ms; 2.8 tokens more need 1.4 s.
+        assert_eq!(out.decision.retry_after, Some(Duration::from_millis(1400)));
+        assert!(!apply(&mut s, &p, 1_499_999, 3, false).decision.allowed);
+        assert!(apply(&mut s, &p, 1_500_000, 3, false).decision.allowed);
+    }
+
+    #[test]
+    fn clock_step_back_credits_nothing_and_keeps_timestamp() {
+        let p = tb(10, Rate::per_second(1));
+        let mut s = None;
+        apply(&mut s, &p, 10_000_000, 10, true);
+        let out = apply(&mut s, &p, 5_000_000, 1, true);
+        assert!(!out.decision.allowed);
+        assert_eq!(out.decision.retry_after, Some(Duration::from_secs(6)));
+        assert_eq!(s.unwrap().updated, 10_000_000);
+        // stepping forward again to the original time gives no double credit
+        assert!(!apply(&mut s, &p, 10_500_000, 1, true).decision.allowed);
+        assert!(apply(&mut s, &p, 11_000_000, 1, true).decision.allowed);
+    }
+
+    #[test]
+    fn max_elapsed_limits_what_one_jump_buys() {
+        let mut p = tb(10, Rate::per_second(1));
+        p.max_elapsed_micros = Some(2_000_000);
+        let mut s = None;
+        apply(&mut s, &p, 0, 10, true);
+        let out = apply(&mut s, &p, 3_600_000_000, 1, true);
+        assert!(out.decision.allowed);
+        assert_eq!(out.decision.remaining, 1);
+    }
+}

@@ -1,0 +1,493 @@
+//! Policies: an algorithm with its parameters, validated at construction so that every
+//! `Policy` value is usable. Invalid parameters are a [`PolicyError`], never a panic.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Largest integer that every number in a bucket's state may reach. Lua (and so Redis scripts)
+/// computes in IEEE doubles, which are exact for integers up to 2^53; staying one bit below
+/// keeps every intermediate sum exact as well.
+pub const MAX_EXACT: u64 = 1 << 52;
+
+/// Longest window or refill period a policy accepts: ten years.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Largest limit of a sliding log. Its state holds up to `limit` entries and every call walks
+/// them, so the bound keeps each call's work (and Redis's time inside the script) small.
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 1_000;
+
+/// Why a policy or a request against it is invalid.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A count parameter (capacity, limit, refill tokens) was zero.
+    #[error("{field} must be at least 1, got 0")]
+    Zero {
+        /// The parameter's name.
+        field: &'static str,
+    },
+    /// A duration parameter was zero or shorter than the resolution it needs.
+    #[error("{field} must be at least {min:?}, got {got:?}")]
+    DurationTooShort {
+        /// The parameter's name.
+        field: &'static str,
+        /// The shortest accepted value.
+        min: Duration,
+        /// The value given.
+        got: Duration,
+    },
+    /// A duration parameter was longer than [`MAX_DURATION`].
+    #[error("{field} must be at most {max:?}, got {got:?}")]
+    DurationTooLong {
+        /// The parameter's name.
+        field: &'static str,
+        /// The longest accepted value.
+        max: Duration,
+        /// The value given.
+        got: Duration,
+    },
+    /// A count parameter was larger than the algorithm can represent exactly.
+    #[error("{field} must be at most {max}, got {got}")]
+    TooLarge {
+        /// The parameter's name.
+        field: &'static str,
+        /// The largest accepted value.
+        max: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// A floating-point parameter was NaN, infinite, zero or negative.
+    #[error("{field} must be a finite number greater than 0, got {got}")]
+    NotPositiveFinite {
+        /// The parameter's name.
+        field: &'static str,
+        /// The value given.
+        got: f64,
+    },
+    /// The combination of parameters would overflow exact integer arithmetic.
+    #[error("parameters overflow exact arithmetic: {0}")]
+    Overflow(String),
+    /// A request's cost was 0.
+    #[error("cost must be at least 1, got 0")]
+    ZeroCost,
+    /// A request's cost is above what the policy can ever admit at once; it could never pass.
+    #[error("cost {cost} exceeds the policy's maximum burst of {max}")]
+    CostAboveCapacity {
+        /// The cost asked for.
+        cost: u64,
+        /// The policy's capacity or limit.
+        max: u64,
+    },
+}
+
+/// A refill rate: `tokens` every `period`. Kept as an exact ratio of integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    tokens: u64,
+    period: Duration,
+}
+
+impl Rate {
+    /// `tokens` every `period`. Validated when a policy is built from it.
+    pub const fn new(tokens: u64, period: Duration) -> Self {
+        Self { tokens, period }
+    }
+
+    /// `tokens` per second.
+    pub const fn per_second(tokens: u64) -> Self {
+        Self::new(tokens, Duration::from_secs(1))
+    }
+
+    /// `tokens` per minute.
+    pub const fn per_minute(tokens: u64) -> Self {
+        Self::new(tokens, Duration::from_secs(60))
+    }
+
+    /// A fractional rate in tokens per second, kept to a thousandth of a token per second.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::Rate;
+    /// assert_eq!(Rate::per_second_f64(0.5).unwrap(), Rate::new(500, Duration::from_secs(1000)));
+    /// assert!(Rate::per_second_f64(f64::NAN).is_err());
+    /// ```
+    pub fn per_second_f64(rate: f64) -> Result<Self, PolicyError> {
+        if !rate.is_finite() || rate <= 0.0 {
+            return Err(PolicyError::NotPositiveFinite { field: "rate", got: rate });
+        }
+        let milli = (rate * 1000.0).round();
+        if milli < 1.0 {
+            return Err(PolicyError::NotPositiveFinite { field: "rate", got: rate });
+        }
+        if milli >= MAX_EXACT as f64 {
+            return Err(PolicyError::TooLarge {
+                field: "rate",
+                max: MAX_EXACT / 1000,
+                got: rate as u64,
+            });
+        }
+        Ok(Self::new(milli as u64, Duration::from_secs(1000)))
+    }
+
+    /// Tokens added per period.
+    pub const fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// The period over which `tokens` are added.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Tokens per second as a float (for display only).
+    pub fn as_per_second(&self) -> f64 {
+        self.tokens as f64 / self.period.as_secs_f64()
+    }
+}
+
+/// Token bucket parameters in the exact integer form the maths uses.
+///
+/// Tokens are kept in *units*: one token is `unit` units and the bucket gains `rate` units per
+/// microsecond, so refill is integer arithmetic with no rounding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenBucket {
+    /// Maximum tokens the bucket holds (the largest burst).
+    pub capacity: u64,
+    /// The refill rate as given.
+    pub refill: Rate,
+    /// Units per token.
+    pub unit: u64,
+    /// Units added per microsecond.
+    pub rate: u64,
+    /// Optional cap on the elapsed time credited by a single call, in microseconds.
+    pub max_elapsed_micros: Option<u64>,
+}
+
+impl TokenBucket {
+    /// Capacity in units.
+    pub const fn capacity_units(&self) -> u64 {
+        self.capacity * self.unit
+    }
+
+    /// Microseconds an empty bucket takes to refill completely.
+    pub const fn fill_micros(&self) -> u64 {
+        self.capacity_units().div_ceil(self.rate)
+    }
+}
+
+/// Fixed window parameters: `limit` per window aligned to the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedWindow {
+    /// Cost admitted per window.
+    pub limit: u64,
+    /// Window length in microseconds.
+    pub window_micros: u64,
+}
+
+/// Sliding log parameters: `limit` in any window of `window_micros` ending now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlidingLog {
+    /// Cost admitted in any window.
+    pub limit: u64,
+    /// Window length in microseconds.
+    pub window_micros: u64,
+}
+
+/// The algorithm a policy uses, with its validated parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Capacity and a refill rate: smooth, allows bursts up to capacity.
+    TokenBucket(TokenBucket),
+    /// A limit per epoch-aligned window: simple, allows up to twice the limit across a boundary.
+    FixedWindow(FixedWindow),
+    /// An exact limit over any window ending now: precise, state grows with the limit.
+    SlidingLog(SlidingLog),
+}
+
+impl Algorithm {
+    /// A stable short name ("token_bucket", "fixed_window", "sliding_log").
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::TokenBucket(_) => "token_bucket",
+            Self::FixedWindow(_) => "fixed_window",
+            Self::SlidingLog(_) => "sliding_log",
+        }
+    }
+}
+
+/// An algorithm with validated parameters, a generation and a fingerprint.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{Policy, PolicyError, Rate};
+///
+/// let p = Policy::fixed_window(100, Duration::from_secs(60)).unwrap().with_generation(2);
+/// assert_eq!(p.limit(), 100);
+/// assert_eq!(p.generation(), 2);
+/// assert_eq!(p.check_cost(101), Err(PolicyError::CostAboveCapacity { cost: 101, max: 100 }));
+/// assert!(Policy::token_bucket(0, Rate::per_second(1)).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policy {
+    algorithm: Algorithm,
+    generation: u64,
+}
+
+const MIN_WINDOW: Duration = Duration::from_millis(1);
+
+fn check_duration(field: &'static str, d: Duration, min: Duration) -> Result<u64, PolicyError> {
+    if d < min {
+        return Err(PolicyError::DurationTooShort { field, min, got: d });
+    }
+    if d > MAX_DURATION {
+        return Err(PolicyError::DurationTooLong { field, max: MAX_DURATION, got: d });
+    }
+    Ok(d.as_micros() as u64)
+}
+
+fn check_count(field: &'static str, n: u64, max: u64) -> Result<u64, PolicyError> {
+    if n == 0 {
+        return Err(PolicyError::Zero { field });
+    }
+    if n > max {
+        return Err(PolicyError::TooLarge { field, max, got: n });
+    }
+    Ok(n)
+}
+
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let t = a % b;
+        a = b;
+        b = t;
+    }
+    a
+}
+
+impl Policy {
+    /// A token bucket holding up to `capacity` tokens, refilled at `refill`.
+    pub fn token_bucket(capacity: u64, refill: Rate) -> Result<Self, PolicyError> {
+        let capacity = check_count("capacity", capacity, MAX_EXACT)?;
+        let tokens = check_count("refill tokens", refill.tokens, MAX_EXACT)?;
+        let period = check_duration("refill period", refill.period, Duration::from_micros(1))?;
+        let g = gcd(tokens, period);
+        let (unit, rate) = (period / g, tokens / g);
+        let cap_units = capacity
+            .checked_mul(unit)
+            .and_then(|c| c.checked_add(rate))
+            .filter(|&c| c <= MAX_EXACT)
+            .ok_or_else(|| {
+                PolicyError::Overflow(format!(
+                    "capacity {capacity} at {tokens} tokens per {period}us needs {capacity}x{unit} units, above 2^52"
+                ))
+            })?;
+        debug_assert!(cap_units > 0);
+        Ok(Self {
+            algorithm: Algorithm::TokenBucket(TokenBucket {
+                capacity,
+                refill,
+                unit,
+                rate,
+                max_elapsed_micros: None,
+            }),
+            generation: 0,
+        })
+    }
+
+    /// A fixed window admitting `limit` per `window`, windows aligned to the Unix epoch.
+    pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, PolicyError> {
+        let limit = check_count("limit", limit, MAX_EXACT)?;
+        let window_micros = check_duration("window", window, MIN_WINDOW)?;
+        Ok(Self {
+            algorithm: Algorithm::FixedWindow(FixedWindow { limit, window_micros }),
+            generation: 0,
+        })
+    }
+
+    /// A sliding log admitting `limit` in any `window` ending now.
+    pub fn sliding_log(limit: u64, window: Duration) -> Result<Self, PolicyError> {
+        let limit = check_count("limit", limit, MAX_SLIDING_LOG_LIMIT)?;
+        let window_micros = check_duration("window", window, MIN_WINDOW)?;
+        Ok(Self {
+            algorithm: Algorithm::SlidingLog(SlidingLog { limit, window_micros }),
+            generation: 0,
+        })
+    }
+
+    /// The same policy with another generation.
+    #[must_use]
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    /// For a token bucket, caps the elapsed time one call may credit, so that a forward clock
+    /// jump buys at most `cap` worth of tokens. Ignored by other algorithms.
+    pub fn with_max_elapsed(mut self, cap: Duration) -> Result<Self, PolicyError> {
+        let micros = check_duration("max elapsed", cap, Duration::from_micros(1))?;
+        if let Algorithm::TokenBucket(tb) = &mut self.algorithm {
+            tb.max_elapsed_micros = Some(micros);
+        }
+        Ok(self)
+    }
+
+    /// The algorithm and its parameters.
+    pub const fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// The generation this policy was published as.
+    pub const fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The largest cost one request may have: capacity or limit.
+    pub const fn limit(&self) -> u64 {
+        match &self.algorithm {
+            Algorithm::TokenBucket(tb) => tb.capacity,
+            Algorithm::FixedWindow(fw) => fw.limit,
+            Algorithm::SlidingLog(sl) => sl.limit,
+        }
+    }
+
+    /// Checks a request's cost: at least 1 and at most [`Policy::limit`].
+    pub const fn check_cost(&self, cost: u64) -> Result<(), PolicyError> {
+        if cost == 0 {
+            return Err(PolicyError::ZeroCost);
+        }
+        let max = self.limit();
+        if cost > max {
+            return Err(PolicyError::CostAboveCapacity { cost, max });
+        }
+        Ok(())
+    }
+
+    /// A stable 64-bit fingerprint of the algorithm and parameters (not the generation):
+    /// FNV-1a over a canonical encoding, equal across processes and versions.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = Fnv::default();
+        match &self.algorithm {
+            Algorithm::TokenBucket(tb) => {
+                h.write(b"tb");
+                h.u64(tb.capacity);
+                h.u64(tb.unit);
+                h.u64(tb.rate);
+                h.u64(tb.max_elapsed_micros.unwrap_or(0));
+            }
+            Algorithm::FixedWindow(fw) => {
+                h.write(b"fw");
+                h.u64(fw.limit);
+                h.u64(fw.window_micros);
+            }
+            Algorithm::SlidingLog(sl) => {
+                h.write(b"sl");
+                h.u64(sl.limit);
+                h.u64(sl.window_micros);
+            }
+        }
+        h.0
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.algorithm {
+            Algorithm::TokenBucket(tb) => write!(
+                f,
+                "token-bucket:capacity={},rate={}/{}us",
+                tb.capacity,
+                tb.refill.tokens,
+                tb.refill.period.as_micros()
+            ),
+            Algorithm::FixedWindow(fw) => {
+                write!(f, "fixed-window:limit={},window={}us", fw.limit, fw.window_micros)
+            }
+            Algorithm::SlidingLog(sl) => {
+                write!(f, "sliding-log:limit={},window={}us", sl.limit, sl.window_micros)
+            }
+        }?;
+        write!(f, ",generation={}", self.generation)
+    }
+}
+
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn u64(&mut self, v: u64) {
+        self.write(&v.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_zero_nan_and_overflowing_parameters() {
+        assert_eq!(
+            Policy::token_bucket(0, Rate::per_second(1)),
+            Err(PolicyError::Zero { field: "capacity" })
+        );
+        assert!(matches!(
+            Policy::token_bucket(1, Rate::new(1, Duration::ZERO)),
+            Err(PolicyError::DurationTooShort { .. })
+        ));
+        assert!(matches!(
+            Policy::token_bucket(u64::MAX, Rate::per_second(1)),
+            Err(PolicyError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            Policy::token_bucket(1 << 40, Rate::new(1, Duration::from_secs(3600))),
+            Err(PolicyError::Overflow(_))
+        ));
+        assert!(matches!(
+            Policy::fixed_window(10, Duration::from_secs(400 * 365 * 86_400)),
+            Err(PolicyError::DurationTooLong { .. })
+        ));
+        assert!(matches!(
+            Policy::sliding_log(MAX_SLIDING_LOG_LIMIT + 1, Duration::from_secs(1)),
+            Err(PolicyError::TooLarge { .. })
+        ));
+        assert!(Rate::per_second_f64(-1.0).is_err());
+        assert!(Rate::per_second_f64(f64::INFINITY).is_err());
+        assert!(Rate::per_second_f64(0.0001).is_err());
+    }
+
+    #[test]
+    fn reduces_rate_to_smallest_exact_units() {
+        let p = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
+        let Algorithm::TokenBucket(tb) = p.algorithm() else { unreachable!() };
+        assert_eq!((tb.unit, tb.rate), (500_000, 1));
+        assert_eq!(tb.fill_micros(), 5_000_000);
+    }
+
+    #[test]
+    fn fingerprint_ignores_generation_and_tracks_parameters() {
+        let a = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+        let b = a.with_generation(7);
+        let c = Policy::fixed_window(11, Duration::from_secs(1)).unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn cost_checks() {
+        let p = Policy::sliding_log(5, Duration::from_secs(1)).unwrap();
+        assert_eq!(p.check_cost(0), Err(PolicyError::ZeroCost));
+        assert_eq!(p.check_cost(5), Ok(()));
+        assert_eq!(p.check_cost(6), Err(PolicyError::CostAboveCapacity { cost: 6, max: 5 }));
+    }
+}

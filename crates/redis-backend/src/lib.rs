@@ -1,0 +1,1 @@
+//! The Redis store: one atomic Lua script per algorithm on Redis time.

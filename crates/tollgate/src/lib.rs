@@ -1,0 +1,1 @@
+//! The facade: a Limiter per protected operation.
