@@ -20,6 +20,7 @@ mod clock;
 mod decision;
 mod key;
 mod policy;
+mod spec;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -29,6 +30,7 @@ pub use policy::{
     Algorithm, FixedWindow, MAX_DURATION, MAX_EXACT, MAX_SLIDING_LOG_LIMIT, Policy, PolicyError,
     Rate, SlidingLog, TokenBucket,
 };
+pub use spec::SpecError;
 pub use store::{Acquire, ErrorClass, Store, StoreError};
 
 /// Microseconds in one second.

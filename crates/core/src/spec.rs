@@ -1,0 +1,204 @@
+//! The textual form of a policy, as written on a command line or in a policy file:
+//! `token-bucket:capacity=10,rate=2`, `fixed-window:limit=100,window=1m`,
+//! `sliding-log:limit=20,window=10s`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::{Policy, PolicyError, Rate};
+
+/// Why a policy spec could not be parsed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// The algorithm name before `:` is not one of the known ones.
+    #[error("unknown algorithm {0:?}: expected token-bucket, fixed-window or sliding-log")]
+    UnknownAlgorithm(String),
+    /// A `name=value` pair was malformed.
+    #[error("malformed parameter {0:?}: expected name=value")]
+    Malformed(String),
+    /// A parameter name is not used by this algorithm.
+    #[error("unknown parameter {name:?} for {algorithm}")]
+    UnknownParameter {
+        /// The algorithm.
+        algorithm: &'static str,
+        /// The parameter given.
+        name: String,
+    },
+    /// A parameter appeared twice.
+    #[error("parameter {0:?} given twice")]
+    Duplicate(String),
+    /// A required parameter is missing.
+    #[error("missing parameter {name:?} for {algorithm}")]
+    Missing {
+        /// The algorithm.
+        algorithm: &'static str,
+        /// The missing parameter.
+        name: &'static str,
+    },
+    /// A value could not be parsed.
+    #[error("invalid value {value:?} for {name}: {reason}")]
+    BadValue {
+        /// The parameter.
+        name: String,
+        /// The value given.
+        value: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The values parsed but do not make a valid policy.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+struct Params<'a> {
+    algorithm: &'static str,
+    pairs: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    fn parse(algorithm: &'static str, body: &'a str, allowed: &[&str]) -> Result<Self, SpecError> {
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for item in body.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (name, value) = item
+                .split_once('=')
+                .map(|(n, v)| (n.trim(), v.trim()))
+                .filter(|(n, v)| !n.is_empty() && !v.is_empty())
+                .ok_or_else(|| SpecError::Malformed(item.to_owned()))?;
+            if !allowed.contains(&name) {
+                return Err(SpecError::UnknownParameter { algorithm, name: name.to_owned() });
+            }
+            if pairs.iter().any(|(n, _)| *n == name) {
+                return Err(SpecError::Duplicate(name.to_owned()));
+            }
+            pairs.push((name, value));
+        }
+        Ok(Self { algorithm, pairs })
+    }
+
+    fn get(&self, name: &str) -> Option<&'a str> {
+        self.pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    fn require(&self, name: &'static str) -> Result<&'a str, SpecError> {
+        self.get(name).ok_or(SpecError::Missing { algorithm: self.algorithm, name })
+    }
+
+    fn count(&self, name: &'static str) -> Result<u64, SpecError> {
+        let v = self.require(name)?;
+        v.parse::<u64>().map_err(|e| bad(name, v, &e))
+    }
+
+    fn duration(&self, name: &'static str) -> Result<Option<Duration>, SpecError> {
+        self.get(name).map(|v| parse_duration(name, v)).transpose()
+    }
+
+    fn generation(&self) -> Result<u64, SpecError> {
+        self.get("generation").map_or(Ok(0), |v| v.parse().map_err(|e| bad("generation", v, &e)))
+    }
+}
+
+fn bad(name: &str, value: &str, reason: &dyn std::fmt::Display) -> SpecError {
+    SpecError::BadValue { name: name.to_owned(), value: value.to_owned(), reason: reason.to_string() }
+}
+
+/// Parses `500ms`, `10s`, `1m`, `2h 30m` (humantime) or a bare number of seconds.
+fn parse_duration(name: &str, v: &str) -> Result<Duration, SpecError> {
+    if let Ok(secs) = v.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(v).map_err(|e| bad(name, v, &e))
+}
+
+impl FromStr for Policy {
+    type Err = SpecError;
+
+    /// Parses a policy spec.
+    ///
+    /// ```
+    /// use tollgate_core::Policy;
+    /// let p: Policy = "token-bucket:capacity=10,rate=2".parse().unwrap();
+    /// assert_eq!(p.limit(), 10);
+    /// let p: Policy = "token-bucket:capacity=5,rate=0.5,max-elapsed=30s,generation=3".parse().unwrap();
+    /// assert_eq!(p.generation(), 3);
+    /// let p: Policy = "fixed-window:limit=100,window=1m".parse().unwrap();
+    /// assert_eq!(p.limit(), 100);
+    /// assert!("sliding-log:limit=0,window=1s".parse::<Policy>().is_err());
+    /// assert!("token-bucket:capacity=10,rate=NaN".parse::<Policy>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (alg, body) = s.split_once(':').unwrap_or((s, ""));
+        let policy = match alg.trim() {
+            "token-bucket" | "token_bucket" | "tb" => {
+                let p = Params::parse(
+                    "token-bucket",
+                    body,
+                    &["capacity", "rate", "period", "max-elapsed", "generation"],
+                )?;
+                let capacity = p.count("capacity")?;
+                let rate_text = p.require("rate")?;
+                let rate = match p.duration("period")? {
+                    Some(period) => {
+                        let tokens = rate_text.parse::<u64>().map_err(|e| bad("rate", rate_text, &e))?;
+                        Rate::new(tokens, period)
+                    }
+                    None => match rate_text.parse::<u64>() {
+                        Ok(n) => Rate::per_second(n),
+                        Err(_) => {
+                            let f = rate_text.parse::<f64>().map_err(|e| bad("rate", rate_text, &e))?;
+                            Rate::per_second_f64(f)?
+                        }
+                    },
+                };
+                let mut policy = Policy::token_bucket(capacity, rate)?;
+                if let Some(cap) = p.duration("max-elapsed")? {
+                    policy = policy.with_max_elapsed(cap)?;
+                }
+                policy.with_generation(p.generation()?)
+            }
+            "fixed-window" | "fixed_window" | "fw" => {
+                let p = Params::parse("fixed-window", body, &["limit", "window", "generation"])?;
+                let window = p.duration("window")?.ok_or(SpecError::Missing {
+                    algorithm: "fixed-window",
+                    name: "window",
+                })?;
+                Policy::fixed_window(p.count("limit")?, window)?.with_generation(p.generation()?)
+            }
+            "sliding-log" | "sliding_log" | "sl" => {
+                let p = Params::parse("sliding-log", body, &["limit", "window", "generation"])?;
+                let window = p.duration("window")?.ok_or(SpecError::Missing {
+                    algorithm: "sliding-log",
+                    name: "window",
+                })?;
+                Policy::sliding_log(p.count("limit")?, window)?.with_generation(p.generation()?)
+            }
+            other => return Err(SpecError::UnknownAlgorithm(other.to_owned())),
+        };
+        Ok(policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_the_offending_parameter() {
+        let e = "token-bucket:capacity=10".parse::<Policy>().unwrap_err();
+        assert_eq!(e, SpecError::Missing { algorithm: "token-bucket", name: "rate" });
+        let e = "fixed-window:limit=10,window=1s,burst=3".parse::<Policy>().unwrap_err();
+        assert!(matches!(e, SpecError::UnknownParameter { .. }));
+        let e = "fixed-window:limit=-1,window=1s".parse::<Policy>().unwrap_err();
+        assert!(matches!(e, SpecError::BadValue { .. }));
+        let e = "leaky:limit=1".parse::<Policy>().unwrap_err();
+        assert!(matches!(e, SpecError::UnknownAlgorithm(_)));
+        let e = "fixed-window:limit=1,limit=2,window=1s".parse::<Policy>().unwrap_err();
+        assert!(matches!(e, SpecError::Duplicate(_)));
+    }
+
+    #[test]
+    fn parses_rates_with_periods() {
+        let p: Policy = "token-bucket:capacity=7,rate=7,period=3s".parse().unwrap();
+        assert_eq!(p.to_string(), "token-bucket:capacity=7,rate=7/3000000us,generation=0");
+    }
+}
