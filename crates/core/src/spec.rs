@@ -142,13 +142,14 @@ impl FromStr for Policy {
                         let tokens = rate_text.parse::<u64>().map_err(|e| bad("rate", rate_text, &e))?;
                         Rate::new(tokens, period)
                     }
-                    None => match rate_text.parse::<u64>() {
-                        Ok(n) => Rate::per_second(n),
-                        Err(_) => {
+                    None => {
+                        if let Ok(n) = rate_text.parse::<u64>() {
+                            Rate::per_second(n)
+                        } else {
                             let f = rate_text.parse::<f64>().map_err(|e| bad("rate", rate_text, &e))?;
                             Rate::per_second_f64(f)?
                         }
-                    },
+                    }
                 };
                 let mut policy = Policy::token_bucket(capacity, rate)?;
                 if let Some(cap) = p.duration("max-elapsed")? {
