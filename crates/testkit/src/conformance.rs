@@ -1,1 +1,692 @@
-//! The conformance suite: one set of tests, generic over any `Store`.
+//! The conformance suite: one set of tests, generic over any [`Store`], that pins the
+//! semantics of DESIGN.md for every algorithm. Every backend runs it through a [`Harness`] that
+//! gives the store and moves the store's clock.
+//!
+//! Each case is a `pub async fn case<H: Harness>(h: &H)` that panics with a message naming the
+//! step that failed. Each case uses its own key namespace (`conf-<case>`), so cases may share
+//! one store or server; each starts by setting the clock to a fixed instant and moves time only
+//! through [`Harness::set_time`], so cases sharing one *clock* must not run at the same time.
+//! No case sleeps.
+//!
+//! From any crate's `tests/` directory (with `tokio` as a dev-dependency):
+//!
+//! ```ignore
+//! tollgate_testkit::conformance_tests!(MyHarness::start());
+//! ```
+//!
+//! expands to one `#[tokio::test]` per case, each building its own harness from the
+//! expression (awaited). [`run_all`] runs every case in turn on one harness.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tollgate_core::{Acquire, Decision, Key, Policy, PolicyError, Rate, Store, StoreError};
+
+/// A store under test and a way to move its clock.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// The store under test.
+    type Store: Store + 'static;
+
+    /// The store under test.
+    fn store(&self) -> &Self::Store;
+
+    /// Freeze the store's clock at `micros` since the epoch (absolute). Later calls move it
+    /// forward or back. The clock must not move between calls.
+    async fn set_time(&self, micros: u64);
+}
+
+/// The instant every case starts from (2023-11-14T22:13:20Z), in microseconds. A multiple of
+/// 10 s, so a 10-second fixed window starts exactly here.
+pub const T0: u64 = 1_700_000_000_000_000;
+
+const SEC: u64 = 1_000_000;
+const MS: u64 = 1_000;
+
+/// Every case's name, in the order [`run_all`] runs them.
+pub const CASES: &[&str] = &[
+    "token_bucket_missing_bucket_is_full",
+    "token_bucket_weighted_costs_drain_exactly",
+    "token_bucket_denies_when_cost_exceeds_remaining",
+    "token_bucket_refills_at_the_exact_rate",
+    "token_bucket_retry_after_rounds_up_to_the_microsecond",
+    "token_bucket_idle_bucket_is_fresh_after_expiry",
+    "token_bucket_clock_step_back_gives_no_credit",
+    "token_bucket_forward_jump_refills_at_most_to_capacity",
+    "token_bucket_max_elapsed_caps_what_a_jump_buys",
+    "fixed_window_missing_window_is_empty",
+    "fixed_window_resets_at_the_epoch_aligned_boundary",
+    "fixed_window_denies_when_cost_exceeds_remaining",
+    "fixed_window_clock_step_back_does_not_reopen_a_window",
+    "fixed_window_idle_window_is_fresh_after_expiry",
+    "sliding_log_missing_log_is_empty",
+    "sliding_log_counts_exactly_the_last_window",
+    "sliding_log_clock_step_back_forgets_nothing",
+    "sliding_log_idle_log_is_fresh_after_expiry",
+    "zero_cost_is_invalid_and_writes_nothing",
+    "cost_above_capacity_is_invalid_and_writes_nothing",
+    "peek_does_not_consume",
+    "reset_forgets_the_bucket",
+    "keys_are_independent",
+    "acquire_many_returns_one_decision_per_request_in_order",
+    "acquire_many_with_an_invalid_request_writes_nothing",
+    "concurrent_acquires_never_admit_more_than_capacity",
+];
+
+/// Expands to one `#[tokio::test]` per conformance case, each running the case on the harness
+/// that `$harness` (an expression of a future) resolves to.
+///
+/// ```ignore
+/// tollgate_testkit::conformance_tests!(async { LocalHarness::new() });
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    (@cases $callback:ident $args:tt) => {
+        $crate::conformance_tests!(@$callback $args
+            token_bucket_missing_bucket_is_full,
+            token_bucket_weighted_costs_drain_exactly,
+            token_bucket_denies_when_cost_exceeds_remaining,
+            token_bucket_refills_at_the_exact_rate,
+            token_bucket_retry_after_rounds_up_to_the_microsecond,
+            token_bucket_idle_bucket_is_fresh_after_expiry,
+            token_bucket_clock_step_back_gives_no_credit,
+            token_bucket_forward_jump_refills_at_most_to_capacity,
+            token_bucket_max_elapsed_caps_what_a_jump_buys,
+            fixed_window_missing_window_is_empty,
+            fixed_window_resets_at_the_epoch_aligned_boundary,
+            fixed_window_denies_when_cost_exceeds_remaining,
+            fixed_window_clock_step_back_does_not_reopen_a_window,
+            fixed_window_idle_window_is_fresh_after_expiry,
+            sliding_log_missing_log_is_empty,
+            sliding_log_counts_exactly_the_last_window,
+            sliding_log_clock_step_back_forgets_nothing,
+            sliding_log_idle_log_is_fresh_after_expiry,
+            zero_cost_is_invalid_and_writes_nothing,
+            cost_above_capacity_is_invalid_and_writes_nothing,
+            peek_does_not_consume,
+            reset_forgets_the_bucket,
+            keys_are_independent,
+            acquire_many_returns_one_decision_per_request_in_order,
+            acquire_many_with_an_invalid_request_writes_nothing,
+            concurrent_acquires_never_admit_more_than_capacity,
+        );
+    };
+    (@tests ($harness:expr) $($case:ident,)*) => {
+        $(
+            #[::tokio::test]
+            async fn $case() {
+                let harness = $harness.await;
+                $crate::conformance::$case(&harness).await;
+            }
+        )*
+    };
+    (@run ($harness:expr) $($case:ident,)*) => {
+        $( $crate::conformance::$case($harness).await; )*
+    };
+    ($harness:expr) => {
+        $crate::conformance_tests!(@cases tests ($harness));
+    };
+}
+
+/// Runs every case in turn on one harness (see [`CASES`]).
+pub async fn run_all<H: Harness>(h: &H) {
+    conformance_tests!(@cases run (h));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn key(case: &str, part: &str) -> Key {
+    Key::new(&format!("conf-{case}"), [part]).expect("valid conformance key")
+}
+
+fn tb(capacity: u64, refill: Rate) -> Policy {
+    Policy::token_bucket(capacity, refill).expect("valid token bucket")
+}
+
+fn fw(limit: u64, window_secs: u64) -> Policy {
+    Policy::fixed_window(limit, Duration::from_secs(window_secs)).expect("valid fixed window")
+}
+
+fn sl(limit: u64, window_secs: u64) -> Policy {
+    Policy::sliding_log(limit, Duration::from_secs(window_secs)).expect("valid sliding log")
+}
+
+/// One policy of each algorithm with a limit of 5 (token bucket: 5 per 5 s; windows: 10 s).
+fn all_algorithms() -> [(&'static str, Policy); 3] {
+    [("tb", tb(5, Rate::new(5, Duration::from_secs(5)))), ("fw", fw(5, 10)), ("sl", sl(5, 10))]
+}
+
+async fn acquire<H: Harness>(h: &H, key: &Key, policy: &Policy, cost: u64) -> Decision {
+    h.store()
+        .acquire(key, policy, cost)
+        .await
+        .unwrap_or_else(|e| panic!("acquire({key}, {policy}, cost {cost}) failed: {e}"))
+}
+
+async fn peek<H: Harness>(h: &H, key: &Key, policy: &Policy, cost: u64) -> Decision {
+    h.store()
+        .peek(key, policy, cost)
+        .await
+        .unwrap_or_else(|e| panic!("peek({key}, {policy}, cost {cost}) failed: {e}"))
+}
+
+/// Expected decision: allowed, remaining, retry_after and reset_after in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Want {
+    allowed: bool,
+    remaining: u64,
+    retry_after: Option<u64>,
+    reset_after: u64,
+}
+
+const fn allowed(remaining: u64, reset_after: u64) -> Want {
+    Want { allowed: true, remaining, retry_after: None, reset_after }
+}
+
+const fn denied(remaining: u64, retry_after: u64, reset_after: u64) -> Want {
+    Want { allowed: false, remaining, retry_after: Some(retry_after), reset_after }
+}
+
+#[track_caller]
+fn check(step: &str, policy: &Policy, got: &Decision, want: Want) {
+    let got_want = Want {
+        allowed: got.allowed,
+        remaining: got.remaining,
+        retry_after: got.retry_after.map(|d| d.as_micros() as u64),
+        reset_after: got.reset_after.as_micros() as u64,
+    };
+    assert!(
+        got_want == want && got.limit == policy.limit(),
+        "{step}: under {policy}\n  expected {want:?} with limit {}\n       got {got_want:?} with limit {} ({got:?})",
+        policy.limit(),
+        got.limit,
+    );
+}
+
+/// Asserts that `key` holds a fresh bucket: the whole limit can be taken at once.
+async fn assert_fresh<H: Harness>(step: &str, h: &H, key: &Key, policy: &Policy) {
+    let d = peek(h, key, policy, policy.limit()).await;
+    assert!(
+        d.allowed && d.remaining == 0,
+        "{step}: {key} should be a fresh bucket under {policy}, but a peek at its whole limit gave {d:?}"
+    );
+}
+
+#[track_caller]
+fn assert_invalid(step: &str, got: Result<Decision, StoreError>, want: &PolicyError) {
+    match got {
+        Err(StoreError::InvalidPolicy(e)) if &e == want => {}
+        other => panic!("{step}: expected StoreError::InvalidPolicy({want:?}), got {other:?}"),
+    }
+}
+
+/// Polls every future to completion concurrently on the current task, outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { Poll::Pending } else { Poll::Ready(()) }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("every future completed")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token bucket
+
+/// A missing token bucket is full: the first request drains from capacity, and `reset_after` is
+/// the time to refill what it took.
+pub async fn token_bucket_missing_bucket_is_full<H: Harness>(h: &H) {
+    let t = T0 + 1_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-missing", "a");
+    let p = tb(10, Rate::per_second(2));
+    check("peek on a missing bucket", &p, &peek(h, &k, &p, 10).await, allowed(0, 5 * SEC));
+    check("first request, cost 1", &p, &acquire(h, &k, &p, 1).await, allowed(9, 500 * MS));
+    let k2 = key("tb-missing", "b");
+    check("first request, whole capacity", &p, &acquire(h, &k2, &p, 10).await, allowed(0, 5 * SEC));
+}
+
+/// Weighted costs take exactly their cost, and the next unit is denied with the exact wait.
+pub async fn token_bucket_weighted_costs_drain_exactly<H: Harness>(h: &H) {
+    let t = T0 + 2_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-weighted", "a");
+    let p = tb(10, Rate::per_second(2));
+    check("cost 3", &p, &acquire(h, &k, &p, 3).await, allowed(7, 1_500 * MS));
+    check("cost 4", &p, &acquire(h, &k, &p, 4).await, allowed(3, 3_500 * MS));
+    check("cost 3", &p, &acquire(h, &k, &p, 3).await, allowed(0, 5 * SEC));
+    check("cost 1 on an empty bucket", &p, &acquire(h, &k, &p, 1).await, denied(0, 500 * MS, 5 * SEC));
+}
+
+/// A request costing more than what is left is denied with the exact `retry_after`: admitted
+/// at `now + retry_after`, still denied one microsecond before. A denial consumes nothing.
+pub async fn token_bucket_denies_when_cost_exceeds_remaining<H: Harness>(h: &H) {
+    let t = T0 + 3_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-deny", "a");
+    let p = tb(10, Rate::per_second(2));
+    check("drain", &p, &acquire(h, &k, &p, 10).await, allowed(0, 5 * SEC));
+    h.set_time(t + 100 * MS).await;
+    // 0.2 tokens refilled; 2.8 more take 1.4 s; the bucket is full 4.9 s from now
+    check("cost 3 after 100 ms", &p, &acquire(h, &k, &p, 3).await, denied(0, 1_400 * MS, 4_900 * MS));
+    h.set_time(t + 1_500 * MS - 1).await;
+    check("1 µs before retry_after", &p, &acquire(h, &k, &p, 3).await, denied(2, 1, 3_500 * MS + 1));
+    h.set_time(t + 1_500 * MS).await;
+    check("at retry_after", &p, &acquire(h, &k, &p, 3).await, allowed(0, 5 * SEC));
+}
+
+/// Tokens come back at exactly the refill rate, and `remaining` counts whole tokens.
+pub async fn token_bucket_refills_at_the_exact_rate<H: Harness>(h: &H) {
+    let t = T0 + 4_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-refill", "a");
+    let p = tb(10, Rate::per_second(2));
+    acquire(h, &k, &p, 10).await;
+    h.set_time(t + 2_500 * MS).await;
+    // 5 tokens back: take 1, 4 left, 3 s to full
+    check("after 2.5 s", &p, &acquire(h, &k, &p, 1).await, allowed(4, 3 * SEC));
+    h.set_time(t + 2_750 * MS).await;
+    // 4.5 tokens: 4 whole ones; taking 4 leaves half a token
+    check("after 250 ms more", &p, &acquire(h, &k, &p, 4).await, allowed(0, 4_750 * MS));
+    check("half a token left", &p, &acquire(h, &k, &p, 1).await, denied(0, 250 * MS, 4_750 * MS));
+}
+
+/// A wait that is not a whole number of microseconds is rounded up: 1 token at 3 per 7 s takes
+/// 2_333_333.3 µs, so `retry_after` is 2_333_334 µs and holds exactly.
+pub async fn token_bucket_retry_after_rounds_up_to_the_microsecond<H: Harness>(h: &H) {
+    let t = T0 + 5_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-round", "a");
+    let p = tb(5, Rate::new(3, Duration::from_secs(7)));
+    // 5 tokens refill in 35/3 s = 11_666_666.7 µs, rounded up
+    check("drain", &p, &acquire(h, &k, &p, 5).await, allowed(0, 11_666_667));
+    check("cost 1", &p, &acquire(h, &k, &p, 1).await, denied(0, 2_333_334, 11_666_667));
+    h.set_time(t + 2_333_333).await;
+    check("1 µs early", &p, &acquire(h, &k, &p, 1).await, denied(0, 1, 9_333_334));
+    h.set_time(t + 2_333_334).await;
+    // 2 units over: (35_000_000 - 2) / 3 µs to full, exactly
+    check("at retry_after", &p, &acquire(h, &k, &p, 1).await, allowed(0, 11_666_666));
+}
+
+/// An idle bucket expires once it would be full again, and then behaves as a fresh one.
+pub async fn token_bucket_idle_bucket_is_fresh_after_expiry<H: Harness>(h: &H) {
+    let t = T0 + 6_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-idle", "a");
+    let p = tb(10, Rate::per_second(2));
+    let d = acquire(h, &k, &p, 10).await;
+    check("drain", &p, &d, allowed(0, 5 * SEC));
+    h.set_time(t + d.reset_after.as_micros() as u64).await;
+    assert_fresh("at reset_after", h, &k, &p).await;
+    h.set_time(t + d.reset_after.as_micros() as u64 + 5 * MS).await;
+    assert_fresh("past expiry", h, &k, &p).await;
+    check("past expiry", &p, &acquire(h, &k, &p, 10).await, allowed(0, 5 * SEC));
+}
+
+/// A clock stepping back credits nothing and never moves the bucket's time back; stepping
+/// forward again to where it was gives no second credit.
+pub async fn token_bucket_clock_step_back_gives_no_credit<H: Harness>(h: &H) {
+    let t = T0 + 7_000 * SEC;
+    h.set_time(t + 10 * SEC).await;
+    let k = key("tb-back", "a");
+    let p = tb(10, Rate::per_second(1));
+    acquire(h, &k, &p, 10).await;
+    h.set_time(t + 5 * SEC).await;
+    // the bucket's time stays at t+10 s: 1 token is 1 s after that, 6 s from now
+    check("5 s back", &p, &acquire(h, &k, &p, 1).await, denied(0, 6 * SEC, 15 * SEC));
+    h.set_time(t + 10_500 * MS).await;
+    check("forward to +0.5 s", &p, &acquire(h, &k, &p, 1).await, denied(0, 500 * MS, 9_500 * MS));
+    h.set_time(t + 11 * SEC).await;
+    check("forward to +1 s", &p, &acquire(h, &k, &p, 1).await, allowed(0, 10 * SEC));
+}
+
+/// A forward jump refills to capacity and no further, whether the bucket is still stored or
+/// has expired meanwhile (hours).
+pub async fn token_bucket_forward_jump_refills_at_most_to_capacity<H: Harness>(h: &H) {
+    let t = T0 + 8_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-jump", "a");
+    let p = tb(10, Rate::per_second(1));
+    check("cost 1", &p, &acquire(h, &k, &p, 1).await, allowed(9, SEC));
+    // still stored (its expiry is the millisecond t + 1 s), with 1.0005 s of refill due
+    h.set_time(t + SEC + 500).await;
+    check("1.0005 s later", &p, &acquire(h, &k, &p, 10).await, allowed(0, 10 * SEC));
+    check("beyond capacity", &p, &acquire(h, &k, &p, 1).await, denied(0, SEC, 10 * SEC));
+    h.set_time(t + 5 * 3600 * SEC).await;
+    check("5 h later", &p, &acquire(h, &k, &p, 4).await, allowed(6, 4 * SEC));
+    check("rest of capacity", &p, &acquire(h, &k, &p, 6).await, allowed(0, 10 * SEC));
+    check("beyond capacity", &p, &acquire(h, &k, &p, 1).await, denied(0, SEC, 10 * SEC));
+}
+
+/// With a cap on credited elapsed time, one forward jump buys at most that much refill.
+pub async fn token_bucket_max_elapsed_caps_what_a_jump_buys<H: Harness>(h: &H) {
+    let t = T0 + 9_000 * SEC;
+    h.set_time(t).await;
+    let k = key("tb-maxelapsed", "a");
+    let p = tb(10, Rate::per_second(1)).with_max_elapsed(Duration::from_secs(2)).expect("valid cap");
+    acquire(h, &k, &p, 10).await;
+    // within the bucket's 10 s lifetime: 5 s elapsed, 2 s credited
+    h.set_time(t + 5 * SEC).await;
+    check("5 s later, 2 s credited", &p, &acquire(h, &k, &p, 1).await, allowed(1, 9 * SEC));
+    check("nothing more", &p, &acquire(h, &k, &p, 2).await, denied(1, SEC, 9 * SEC));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixed window
+
+/// A missing window is empty; `reset_after` is the time to the window's end.
+pub async fn fixed_window_missing_window_is_empty<H: Harness>(h: &H) {
+    let t = T0 + 10_000 * SEC;
+    h.set_time(t + 2 * SEC).await;
+    let k = key("fw-missing", "a");
+    let p = fw(3, 10);
+    check("peek", &p, &peek(h, &k, &p, 3).await, allowed(0, 8 * SEC));
+    check("cost 1", &p, &acquire(h, &k, &p, 1).await, allowed(2, 8 * SEC));
+}
+
+/// Windows are aligned to the epoch (`floor(now / window)`): a window filled 2 s into it
+/// reopens at its boundary, not 10 s after the first request.
+pub async fn fixed_window_resets_at_the_epoch_aligned_boundary<H: Harness>(h: &H) {
+    let t = T0 + 11_000 * SEC;
+    h.set_time(t + 2 * SEC).await;
+    let k = key("fw-boundary", "a");
+    let p = fw(3, 10);
+    check("fill", &p, &acquire(h, &k, &p, 3).await, allowed(0, 8 * SEC));
+    h.set_time(t + 10 * SEC - 1).await;
+    check("last µs of the window", &p, &acquire(h, &k, &p, 1).await, denied(0, 1, 1));
+    h.set_time(t + 10 * SEC).await;
+    check("next window", &p, &acquire(h, &k, &p, 1).await, allowed(2, 10 * SEC));
+    h.set_time(t + 12 * SEC).await;
+    check("later in it", &p, &acquire(h, &k, &p, 2).await, allowed(0, 8 * SEC));
+}
+
+/// A cost above what the window has left is denied until the window's end; the denial
+/// consumes nothing, so a smaller cost still fits.
+pub async fn fixed_window_denies_when_cost_exceeds_remaining<H: Harness>(h: &H) {
+    let t = T0 + 12_000 * SEC;
+    h.set_time(t + 4 * SEC).await;
+    let k = key("fw-deny", "a");
+    let p = fw(3, 10);
+    check("cost 2", &p, &acquire(h, &k, &p, 2).await, allowed(1, 6 * SEC));
+    check("cost 2 more", &p, &acquire(h, &k, &p, 2).await, denied(1, 6 * SEC, 6 * SEC));
+    check("cost 1 fits", &p, &acquire(h, &k, &p, 1).await, allowed(0, 6 * SEC));
+}
+
+/// A clock stepping back does not reopen the window already used, nor a closed earlier one;
+/// stepping forward again gives no second window.
+pub async fn fixed_window_clock_step_back_does_not_reopen_a_window<H: Harness>(h: &H) {
+    let t = T0 + 13_000 * SEC;
+    h.set_time(t + 25 * SEC).await;
+    let k = key("fw-back", "a");
+    let p = fw(2, 10);
+    check("fill window [20, 30)", &p, &acquire(h, &k, &p, 2).await, allowed(0, 5 * SEC));
+    h.set_time(t + 15 * SEC).await;
+    check("back in window [10, 20)", &p, &acquire(h, &k, &p, 1).await, denied(0, 15 * SEC, 15 * SEC));
+    h.set_time(t + 25_500 * MS).await;
+    check("forward again", &p, &acquire(h, &k, &p, 1).await, denied(0, 4_500 * MS, 4_500 * MS));
+    h.set_time(t + 30 * SEC).await;
+    check("next window", &p, &acquire(h, &k, &p, 1).await, allowed(1, 10 * SEC));
+}
+
+/// A window's state expires at the window's end and a later request sees an empty window.
+pub async fn fixed_window_idle_window_is_fresh_after_expiry<H: Harness>(h: &H) {
+    let t = T0 + 14_000 * SEC;
+    h.set_time(t + 3 * SEC).await;
+    let k = key("fw-idle", "a");
+    let p = fw(3, 10);
+    acquire(h, &k, &p, 3).await;
+    h.set_time(t + 35 * SEC).await;
+    assert_fresh("three windows later", h, &k, &p).await;
+    check("three windows later", &p, &acquire(h, &k, &p, 3).await, allowed(0, 5 * SEC));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sliding log
+
+/// A missing log is empty; `reset_after` is one window after the request just recorded.
+pub async fn sliding_log_missing_log_is_empty<H: Harness>(h: &H) {
+    let t = T0 + 20_000 * SEC + 1_234_567;
+    h.set_time(t).await;
+    let k = key("sl-missing", "a");
+    let p = sl(5, 10);
+    check("peek", &p, &peek(h, &k, &p, 5).await, allowed(0, 10 * SEC));
+    check("cost 2", &p, &acquire(h, &k, &p, 2).await, allowed(3, 10 * SEC));
+}
+
+/// The log counts exactly the costs recorded in the last window: a request waits until enough
+/// older cost leaves it, to the microsecond.
+pub async fn sliding_log_counts_exactly_the_last_window<H: Harness>(h: &H) {
+    let t = T0 + 21_000 * SEC + 777;
+    h.set_time(t).await;
+    let k = key("sl-exact", "a");
+    let p = sl(5, 10);
+    check("cost 2 at 0 s", &p, &acquire(h, &k, &p, 2).await, allowed(3, 10 * SEC));
+    h.set_time(t + 4 * SEC).await;
+    check("cost 3 at 4 s", &p, &acquire(h, &k, &p, 3).await, allowed(0, 10 * SEC));
+    h.set_time(t + 6 * SEC).await;
+    // the cost-2 entry at 0 s leaves the window at 10 s; the log empties at 14 s
+    check("cost 2 at 6 s", &p, &acquire(h, &k, &p, 2).await, denied(0, 4 * SEC, 8 * SEC));
+    check("cost 1 at 6 s", &p, &acquire(h, &k, &p, 1).await, denied(0, 4 * SEC, 8 * SEC));
+    h.set_time(t + 10 * SEC - 1).await;
+    check("1 µs early", &p, &acquire(h, &k, &p, 2).await, denied(0, 1, 4 * SEC + 1));
+    h.set_time(t + 10 * SEC).await;
+    check("at 10 s", &p, &acquire(h, &k, &p, 2).await, allowed(0, 10 * SEC));
+    h.set_time(t + 14 * SEC).await;
+    check("at 14 s", &p, &acquire(h, &k, &p, 3).await, allowed(0, 10 * SEC));
+}
+
+/// A clock stepping back forgets no entry and lets nothing in early.
+pub async fn sliding_log_clock_step_back_forgets_nothing<H: Harness>(h: &H) {
+    let t = T0 + 22_000 * SEC;
+    h.set_time(t + 10 * SEC).await;
+    let k = key("sl-back", "a");
+    let p = sl(5, 10);
+    acquire(h, &k, &p, 5).await;
+    h.set_time(t + 5 * SEC).await;
+    check("5 s back", &p, &acquire(h, &k, &p, 1).await, denied(0, 15 * SEC, 15 * SEC));
+    h.set_time(t + 20 * SEC - 1).await;
+    check("1 µs before the entry leaves", &p, &acquire(h, &k, &p, 1).await, denied(0, 1, 1));
+    h.set_time(t + 20 * SEC).await;
+    check("when it leaves", &p, &acquire(h, &k, &p, 5).await, allowed(0, 10 * SEC));
+}
+
+/// A log expires one window after its newest entry and then behaves as an empty one.
+pub async fn sliding_log_idle_log_is_fresh_after_expiry<H: Harness>(h: &H) {
+    let t = T0 + 23_000 * SEC;
+    h.set_time(t).await;
+    let k = key("sl-idle", "a");
+    let p = sl(5, 10);
+    acquire(h, &k, &p, 2).await;
+    h.set_time(t + 3 * SEC).await;
+    let d = acquire(h, &k, &p, 3).await;
+    check("fill", &p, &d, allowed(0, 10 * SEC));
+    h.set_time(t + 13 * SEC).await;
+    assert_fresh("one window after the newest entry", h, &k, &p).await;
+    h.set_time(t + 13 * SEC + 5 * MS).await;
+    assert_fresh("past expiry", h, &k, &p).await;
+    check("past expiry", &p, &acquire(h, &k, &p, 5).await, allowed(0, 10 * SEC));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every algorithm
+
+/// Cost 0 is invalid input, not a denial, and writes nothing.
+pub async fn zero_cost_is_invalid_and_writes_nothing<H: Harness>(h: &H) {
+    h.set_time(T0 + 30_000 * SEC).await;
+    for (name, p) in all_algorithms() {
+        let k = key("zero-cost", name);
+        assert_invalid(name, h.store().acquire(&k, &p, 0).await, &PolicyError::ZeroCost);
+        assert_invalid(name, h.store().peek(&k, &p, 0).await, &PolicyError::ZeroCost);
+        assert_fresh(&format!("{name} after cost 0"), h, &k, &p).await;
+    }
+}
+
+/// A cost above the capacity or limit is invalid input (it could never pass), not a denial: no
+/// `retry_after`, and nothing is written, even on a bucket in use.
+pub async fn cost_above_capacity_is_invalid_and_writes_nothing<H: Harness>(h: &H) {
+    h.set_time(T0 + 31_000 * SEC).await;
+    for (name, p) in all_algorithms() {
+        let want = PolicyError::CostAboveCapacity { cost: 6, max: 5 };
+        let k = key("above-cap", name);
+        assert_invalid(name, h.store().acquire(&k, &p, 6).await, &want);
+        assert_invalid(name, h.store().peek(&k, &p, 6).await, &want);
+        assert_fresh(&format!("{name} after cost 6"), h, &k, &p).await;
+        acquire(h, &k, &p, 2).await;
+        assert_invalid(name, h.store().acquire(&k, &p, 6).await, &want);
+        let d = peek(h, &k, &p, 3).await;
+        assert!(d.allowed && d.remaining == 0, "{name}: the invalid request consumed something: {d:?}");
+    }
+}
+
+/// Peek says what an acquire would decide, with the same numbers, and consumes nothing.
+pub async fn peek_does_not_consume<H: Harness>(h: &H) {
+    let t = T0 + 32_000 * SEC;
+    h.set_time(t).await;
+    for (name, p) in all_algorithms() {
+        let k = key("peek", name);
+        for _ in 0..10 {
+            peek(h, &k, &p, 5).await;
+        }
+        assert_fresh(&format!("{name} after ten peeks"), h, &k, &p).await;
+        acquire(h, &k, &p, 3).await;
+        for cost in [2, 3] {
+            let peeked = peek(h, &k, &p, cost).await;
+            let again = peek(h, &k, &p, cost).await;
+            assert_eq!(peeked, again, "{name}: two peeks at cost {cost} disagree");
+            if cost == 3 {
+                assert!(!peeked.allowed, "{name}: peek at cost 3 on an empty bucket was allowed: {peeked:?}");
+            }
+            let acquired = acquire(h, &k, &p, cost).await;
+            assert_eq!(peeked, acquired, "{name}: peek at cost {cost} differs from the acquire after it");
+        }
+    }
+}
+
+/// Reset forgets the bucket: the next request sees a fresh one. Resetting a missing key is fine.
+pub async fn reset_forgets_the_bucket<H: Harness>(h: &H) {
+    h.set_time(T0 + 33_000 * SEC).await;
+    for (name, p) in all_algorithms() {
+        let k = key("reset", name);
+        acquire(h, &k, &p, 5).await;
+        assert!(!peek(h, &k, &p, 1).await.allowed, "{name}: bucket should be exhausted");
+        h.store()
+            .reset(&k, &p)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: reset failed: {e}"));
+        assert_fresh(&format!("{name} after reset"), h, &k, &p).await;
+        h.store()
+            .reset(&key("reset", &format!("{name}-missing")), &p)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: reset of a missing key failed: {e}"));
+    }
+}
+
+/// Buckets of different keys never share an allowance.
+pub async fn keys_are_independent<H: Harness>(h: &H) {
+    h.set_time(T0 + 34_000 * SEC).await;
+    for (name, p) in all_algorithms() {
+        let a = key("independent", &format!("{name}-a"));
+        let b = key("independent", &format!("{name}-b"));
+        acquire(h, &a, &p, 5).await;
+        assert!(!peek(h, &a, &p, 1).await.allowed, "{name}: a should be exhausted");
+        assert_fresh(&format!("{name}: b while a is exhausted"), h, &b, &p).await;
+    }
+}
+
+/// A batch returns one decision per request, in order, each applied after the ones before it.
+pub async fn acquire_many_returns_one_decision_per_request_in_order<H: Harness>(h: &H) {
+    h.set_time(T0 + 35_000 * SEC).await;
+    let [(_, tbp), (_, fwp), (_, slp)] = all_algorithms();
+    let (a, b, c) = (key("batch", "a"), key("batch", "b"), key("batch", "c"));
+    let requests = [
+        Acquire { key: &a, policy: &tbp, cost: 3 },
+        Acquire { key: &a, policy: &tbp, cost: 3 },
+        Acquire { key: &b, policy: &fwp, cost: 5 },
+        Acquire { key: &a, policy: &tbp, cost: 2 },
+        Acquire { key: &c, policy: &slp, cost: 1 },
+        Acquire { key: &b, policy: &fwp, cost: 1 },
+    ];
+    let got = h
+        .store()
+        .acquire_many(&requests)
+        .await
+        .unwrap_or_else(|e| panic!("acquire_many failed: {e}"));
+    assert_eq!(got.len(), requests.len(), "one decision per request");
+    check("batch[0] tb cost 3", &tbp, &got[0], allowed(2, 3 * SEC));
+    check("batch[1] tb cost 3", &tbp, &got[1], denied(2, SEC, 3 * SEC));
+    check("batch[2] fw cost 5", &fwp, &got[2], allowed(0, 10 * SEC));
+    check("batch[3] tb cost 2", &tbp, &got[3], allowed(0, 5 * SEC));
+    check("batch[4] sl cost 1", &slp, &got[4], allowed(4, 10 * SEC));
+    check("batch[5] fw cost 1", &fwp, &got[5], denied(0, 10 * SEC, 10 * SEC));
+    let empty = h.store().acquire_many(&[]).await.expect("empty batch");
+    assert!(empty.is_empty(), "an empty batch gives no decisions");
+}
+
+/// If any request of a batch is invalid, the batch fails and nothing of it is applied.
+pub async fn acquire_many_with_an_invalid_request_writes_nothing<H: Harness>(h: &H) {
+    h.set_time(T0 + 36_000 * SEC).await;
+    let [(_, tbp), (_, fwp), (_, slp)] = all_algorithms();
+    let (a, b, c) = (key("batch-invalid", "a"), key("batch-invalid", "b"), key("batch-invalid", "c"));
+    let requests = [
+        Acquire { key: &a, policy: &tbp, cost: 3 },
+        Acquire { key: &b, policy: &fwp, cost: 5 },
+        Acquire { key: &c, policy: &slp, cost: 6 },
+    ];
+    let got = h.store().acquire_many(&requests).await;
+    assert!(
+        matches!(got, Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity { cost: 6, max: 5 }))),
+        "a batch with cost 6 on a limit of 5 should be InvalidPolicy, got {got:?}"
+    );
+    let zero = [Acquire { key: &a, policy: &tbp, cost: 1 }, Acquire { key: &b, policy: &fwp, cost: 0 }];
+    let got = h.store().acquire_many(&zero).await;
+    assert!(
+        matches!(got, Err(StoreError::InvalidPolicy(PolicyError::ZeroCost))),
+        "a batch with cost 0 should be InvalidPolicy, got {got:?}"
+    );
+    assert_fresh("a after the failed batches", h, &a, &tbp).await;
+    assert_fresh("b after the failed batches", h, &b, &fwp).await;
+    assert_fresh("c after the failed batches", h, &c, &slp).await;
+}
+
+/// Many concurrent requests on one key at one frozen instant admit exactly the limit, each
+/// admitted request seeing a distinct `remaining`.
+pub async fn concurrent_acquires_never_admit_more_than_capacity<H: Harness>(h: &H) {
+    h.set_time(T0 + 37_000 * SEC).await;
+    let policies = [
+        ("tb", tb(10, Rate::per_second(1))),
+        ("fw", fw(10, 10)),
+        ("sl", sl(10, 10)),
+    ];
+    for (name, p) in policies {
+        let k = key("concurrent", name);
+        let calls = (0..64).map(|_| h.store().acquire(&k, &p, 1)).collect();
+        let decisions = join_all(calls).await;
+        let mut remaining: Vec<u64> = Vec::new();
+        for d in decisions {
+            let d = d.unwrap_or_else(|e| panic!("{name}: concurrent acquire failed: {e}"));
+            if d.allowed {
+                remaining.push(d.remaining);
+            }
+        }
+        remaining.sort_unstable();
+        assert_eq!(
+            remaining,
+            (0..10).collect::<Vec<_>>(),
+            "{name}: 64 concurrent requests on a limit of 10 should admit exactly 10, each seeing a distinct remaining"
+        );
+    }
+}

@@ -1,0 +1,350 @@
+//! [`LocalStore`]: buckets in a sharded in-process map, each decision made by the core maths
+//! under the shard's lock. Bounded by a key cap and an amortised sweep of expired buckets.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use tollgate_core::algorithm;
+use tollgate_core::{Acquire, Clock, Decision, Key, Policy, Store, StoreError, SystemClock};
+
+use crate::bucket::Bucket;
+
+/// Default cap on the number of keys held at once.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// Default number of new keys between two sweeps of expired buckets (the interval grows with
+/// the number of live keys, so a sweep's cost is amortised over as many inserts as it visits).
+pub const DEFAULT_SWEEP_EVERY: usize = 4_096;
+
+/// At the key cap, a new key triggers at most one sweep per this many milliseconds of the
+/// store's clock, so a flood of new keys against a full map of live buckets cannot turn every
+/// refused request into a walk over the whole map.
+pub const CAP_SWEEP_GAP_MS: u64 = 100;
+
+/// An in-process [`Store`]: per-process state, atomic per key, time from a [`Clock`].
+///
+/// Each decision runs [`tollgate_core::algorithm::apply`] while holding the lock of the map
+/// shard that holds the key, so concurrent calls on one key are serialised and can never spend
+/// the same allowance twice. Expiry follows Redis to the millisecond: a state written with a
+/// TTL of `ttl` µs at `now` µs lives while `now_ms <= now / 1000 + ceil(ttl / 1000)`.
+///
+/// Memory is bounded: expired buckets are swept every [`DEFAULT_SWEEP_EVERY`] new keys (or
+/// as configured), and at most `max_keys` buckets are held. At the cap, a new key first
+/// triggers a sweep of expired buckets (at most one per [`CAP_SWEEP_GAP_MS`]); if the map is
+/// still full the new key is refused with [`StoreError::KeyCapReached`], while keys already
+/// held keep working.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{Key, ManualClock, Policy};
+/// use tollgate_local::LocalStore;
+///
+/// let clock = ManualClock::new(1_700_000_000_000_000);
+/// let store = LocalStore::builder().max_keys(10_000).clock(clock.clone()).build();
+/// let policy = Policy::fixed_window(2, Duration::from_secs(1)).unwrap();
+/// let key = Key::new("login", ["alice"]).unwrap();
+///
+/// assert!(store.acquire_now(&key, &policy, 2).unwrap().allowed);
+/// assert!(!store.acquire_now(&key, &policy, 1).unwrap().allowed);
+/// clock.advance(Duration::from_secs(1));
+/// assert!(store.acquire_now(&key, &policy, 1).unwrap().allowed);
+/// assert_eq!(store.len(), 1);
+/// ```
+pub struct LocalStore<C = SystemClock> {
+    map: DashMap<Key, Bucket>,
+    clock: C,
+    max_keys: usize,
+    sweep_every: usize,
+    /// Entries in `map`; slots are reserved here before an insert so the cap is exact.
+    keys: AtomicUsize,
+    /// New keys since the last sweep, and how many trigger the next one.
+    inserts: AtomicUsize,
+    sweep_threshold: AtomicUsize,
+    /// Set while one thread sweeps; others skip rather than queue behind it.
+    sweeping: AtomicBool,
+    /// Clock (ms) of the last sweep started because the map was full; `u64::MAX` for never.
+    last_cap_sweep_ms: AtomicU64,
+}
+
+/// Options for a [`LocalStore`]; start from [`LocalStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LocalStoreBuilder<C = SystemClock> {
+    clock: C,
+    max_keys: usize,
+    sweep_every: usize,
+}
+
+impl LocalStore<SystemClock> {
+    /// A store on the system clock with default options.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Options for a store, starting from the defaults (system clock,
+    /// [`DEFAULT_MAX_KEYS`], [`DEFAULT_SWEEP_EVERY`]).
+    pub fn builder() -> LocalStoreBuilder<SystemClock> {
+        LocalStoreBuilder {
+            clock: SystemClock,
+            max_keys: DEFAULT_MAX_KEYS,
+            sweep_every: DEFAULT_SWEEP_EVERY,
+        }
+    }
+}
+
+impl Default for LocalStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> LocalStoreBuilder<C> {
+    /// The most keys held at once. At the cap a new key is refused with
+    /// [`StoreError::KeyCapReached`] once expired buckets have been swept; `0` refuses every
+    /// key.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// New keys between two sweeps of expired buckets, at least (the interval also grows to the
+    /// number of live keys found by the last sweep). `0` is taken as `1`.
+    pub fn sweep_every(mut self, inserts: usize) -> Self {
+        self.sweep_every = inserts.max(1);
+        self
+    }
+
+    /// The clock decisions are made on.
+    pub fn clock<C2: Clock>(self, clock: C2) -> LocalStoreBuilder<C2> {
+        LocalStoreBuilder { clock, max_keys: self.max_keys, sweep_every: self.sweep_every }
+    }
+
+    /// The store.
+    pub fn build(self) -> LocalStore<C> {
+        LocalStore {
+            map: DashMap::new(),
+            clock: self.clock,
+            max_keys: self.max_keys,
+            sweep_every: self.sweep_every,
+            keys: AtomicUsize::new(0),
+            inserts: AtomicUsize::new(0),
+            sweep_threshold: AtomicUsize::new(self.sweep_every),
+            sweeping: AtomicBool::new(false),
+            last_cap_sweep_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl<C: Clock> LocalStore<C> {
+    /// A store on `clock` with default options.
+    pub fn with_clock(clock: C) -> Self {
+        LocalStore::builder().clock(clock).build()
+    }
+
+    /// Applies `cost` to `key` under `policy` now and returns the decision: the synchronous form
+    /// of [`Store::acquire`], with the same semantics.
+    ///
+    /// Does not allocate for a token bucket or fixed window already held.
+    pub fn acquire_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        policy.check_cost(cost)?;
+        if let Some(mut bucket) = self.map.get_mut(key) {
+            // Time is read under the lock, as a script reads `TIME`: calls on one key see
+            // non-decreasing times in the order they decide.
+            let now = self.clock.now_micros();
+            return bucket.apply(policy, now, cost);
+        }
+        self.acquire_new(key, policy, cost)
+    }
+
+    /// The slow path for a key not in the map: clones the key and reserves a slot under the cap.
+    #[cold]
+    fn acquire_new(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        let mut swept = false;
+        loop {
+            match self.map.entry(key.clone()) {
+                Entry::Occupied(mut held) => {
+                    let now = self.clock.now_micros();
+                    return held.get_mut().apply(policy, now, cost);
+                }
+                Entry::Vacant(vacant) => {
+                    let now = self.clock.now_micros();
+                    let mut state = None;
+                    let out = algorithm::apply(&mut state, policy, now, cost, true)?;
+                    let Some(ttl) = out.ttl_micros else {
+                        return Ok(out.decision);
+                    };
+                    if self.reserve_slot() {
+                        drop(vacant.insert(Bucket::new(state, now, ttl)));
+                        self.after_insert(now);
+                        return Ok(out.decision);
+                    }
+                    // Release the shard before sweeping: the sweep locks every shard in turn.
+                    drop(vacant);
+                    if swept || !self.sweep_at_cap(now) {
+                        return Err(StoreError::KeyCapReached { cap: self.max_keys });
+                    }
+                    swept = true;
+                }
+            }
+        }
+    }
+
+    /// What [`LocalStore::acquire_now`] would decide for `cost` now, without consuming
+    /// anything: the synchronous form of [`Store::peek`].
+    pub fn peek_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        policy.check_cost(cost)?;
+        let now = match self.map.get(key) {
+            None => self.clock.now_micros(),
+            Some(bucket) => {
+                let now = self.clock.now_micros();
+                if bucket.is_alive(now / 1000) {
+                    let mut state = bucket.state.clone();
+                    return Ok(algorithm::apply(&mut state, policy, now, cost, false)?.decision);
+                }
+                now
+            }
+        };
+        // Seen expired: drop it, as Redis drops an expired key it reads, so that a clock stepping
+        // back cannot bring it back.
+        self.remove_if_expired(key, now);
+        let mut missing = None;
+        Ok(algorithm::apply(&mut missing, policy, now, cost, false)?.decision)
+    }
+
+    /// Forgets the bucket of `key`: the next call sees a fresh bucket. Returns whether a bucket
+    /// was held (alive or not yet swept). The synchronous form of [`Store::reset`].
+    pub fn reset_now(&self, key: &Key) -> bool {
+        let removed = self.map.remove(key).is_some();
+        if removed {
+            self.keys.fetch_sub(1, Ordering::AcqRel);
+        }
+        removed
+    }
+
+    /// Applies each request in order, each atomically; if any request is invalid nothing is
+    /// applied. The synchronous form of [`Store::acquire_many`].
+    ///
+    /// A [`StoreError::KeyCapReached`] part-way leaves the requests before it applied.
+    pub fn acquire_many_now(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+        for r in requests {
+            r.policy.check_cost(r.cost)?;
+        }
+        requests.iter().map(|r| self.acquire_now(r.key, r.policy, r.cost)).collect()
+    }
+
+    /// Removes every expired bucket now and returns how many were removed. Runs by itself every
+    /// so many new keys; call it from a background task to keep memory tighter.
+    pub fn sweep_expired(&self) -> usize {
+        self.sweep(self.clock.now_micros() / 1000).unwrap_or(0)
+    }
+
+    /// Buckets held, including expired ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.keys.load(Ordering::Acquire)
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured key cap.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    fn reserve_slot(&self) -> bool {
+        self.keys
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max_keys).then_some(n + 1))
+            .is_ok()
+    }
+
+    fn remove_if_expired(&self, key: &Key, now_us: u64) {
+        if self.map.remove_if(key, |_, b| !b.is_alive(now_us / 1000)).is_some() {
+            self.keys.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn after_insert(&self, now_us: u64) {
+        let inserted = self.inserts.fetch_add(1, Ordering::AcqRel) + 1;
+        if inserted >= self.sweep_threshold.load(Ordering::Acquire) {
+            self.sweep(now_us / 1000);
+        }
+    }
+
+    /// At the cap: sweeps unless a cap sweep ran within [`CAP_SWEEP_GAP_MS`]. Returns whether
+    /// a slot was freed.
+    fn sweep_at_cap(&self, now_us: u64) -> bool {
+        let now_ms = now_us / 1000;
+        let last = self.last_cap_sweep_ms.load(Ordering::Acquire);
+        // Never swept (`u64::MAX`), or the clock stepped back below the last sweep: due.
+        let due = now_ms < last || now_ms - last >= CAP_SWEEP_GAP_MS;
+        if !due
+            || self
+                .last_cap_sweep_ms
+                .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return false;
+        }
+        self.sweep(now_ms).is_some_and(|removed| removed > 0)
+    }
+
+    /// Removes the buckets expired at `now_ms`; `None` if another thread is sweeping.
+    fn sweep(&self, now_ms: u64) -> Option<usize> {
+        if self.sweeping.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return None;
+        }
+        let mut removed = 0;
+        self.map.retain(|_, b| {
+            let alive = b.is_alive(now_ms);
+            if !alive {
+                removed += 1;
+                self.keys.fetch_sub(1, Ordering::AcqRel);
+            }
+            alive
+        });
+        self.inserts.store(0, Ordering::Release);
+        self.sweep_threshold.store(self.sweep_every.max(self.len()), Ordering::Release);
+        self.sweeping.store(false, Ordering::Release);
+        Some(removed)
+    }
+}
+
+impl<C> fmt::Debug for LocalStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalStore")
+            .field("len", &self.keys.load(Ordering::Relaxed))
+            .field("max_keys", &self.max_keys)
+            .field("sweep_every", &self.sweep_every)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<C: Clock> Store for LocalStore<C> {
+    async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.acquire_now(key, policy, cost)
+    }
+
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+        self.acquire_many_now(requests)
+    }
+
+    async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.peek_now(key, policy, cost)
+    }
+
+    async fn reset(&self, key: &Key, _policy: &Policy) -> Result<(), StoreError> {
+        self.reset_now(key);
+        Ok(())
+    }
+}
