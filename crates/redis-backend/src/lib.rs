@@ -1,1 +1,35 @@
-//! The Redis store: one atomic Lua script per algorithm on Redis time.
+//! The Redis store: one atomic Lua script per algorithm, on Redis time. [`RedisStore`] keeps
+//! each bucket in one Redis key and makes every decision in one script execution.
+//!
+//! - **Scripts** ([`scripts`]): `scripts/{token_bucket,fixed_window,sliding_log}.lua`, embedded
+//!   with `include_str!`, each the exact twin of the matching `tollgate_core::algorithm`
+//!   function. They read time only from Redis `TIME`, validate every argument, and store exact
+//!   integers packed as doubles (never through Lua's 14-digit `tostring`).
+//! - **Keys**: `<prefix>{<key>}:<alg>`; the hash tag is the bucket's identity, so every script
+//!   is single-key and Cluster-safe.
+//! - **Calls**: `EVALSHA` by precomputed SHA1; `NOSCRIPT` is absorbed by resending once with
+//!   the source. Every call has a deadline. Errors are classified by [`classify`].
+//! - **Connections**: one multiplexed connection that reconnects by itself, or a bb8 pool.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tollgate_core::StoreError> {
+//! use std::time::Duration;
+//! use tollgate_core::{Key, Policy, Store};
+//! use tollgate_redis::RedisStore;
+//!
+//! let store = RedisStore::builder("redis://127.0.0.1:6379").build().await?;
+//! let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+//! let d = store.acquire(&Key::new("api", ["tenant-7"])?, &policy, 1).await?;
+//! assert!(d.allowed);
+//! # Ok(()) }
+//! ```
+
+mod builder;
+mod connection;
+mod error;
+pub mod scripts;
+mod store;
+
+pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, RedisStoreBuilder};
+pub use error::classify;
+pub use store::RedisStore;

@@ -1,0 +1,102 @@
+//! The two ways the store talks to Redis — one multiplexed connection that reconnects by
+//! itself, or a bb8 pool of them — behind one pair of calls: send a command, send a pipeline.
+
+use std::io;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::{Cmd, Pipeline, RedisError, RedisResult, Value};
+
+/// A connection to one Redis server.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Multiplexed(ConnectionManager),
+    Pool(bb8::Pool<PoolManager>),
+}
+
+impl Conn {
+    /// Sends one command. An error reply is returned as `Err`.
+    pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let value = match self {
+            Self::Multiplexed(m) => m.clone().req_packed_command(cmd).await,
+            Self::Pool(pool) => {
+                let mut conn = checkout(pool).await?;
+                let result = conn.conn.req_packed_command(cmd).await;
+                conn.mark_if_broken(&result);
+                result
+            }
+        }?;
+        value.extract_error()
+    }
+
+    /// Sends a pipeline in one round trip. Error replies stay in place as
+    /// [`Value::ServerError`], so the caller sees which commands failed.
+    pub(crate) async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        match self {
+            Self::Multiplexed(m) => m.clone().req_packed_commands(pipe, 0, count).await,
+            Self::Pool(pool) => {
+                let mut conn = checkout(pool).await?;
+                let result = conn.conn.req_packed_commands(pipe, 0, count).await;
+                conn.mark_if_broken(&result);
+                result
+            }
+        }
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Multiplexed(_) => "multiplexed",
+            Self::Pool(_) => "pool",
+        }
+    }
+}
+
+async fn checkout(
+    pool: &bb8::Pool<PoolManager>,
+) -> RedisResult<bb8::PooledConnection<'_, PoolManager>> {
+    pool.get().await.map_err(|e| match e {
+        bb8::RunError::User(e) => e,
+        bb8::RunError::TimedOut => RedisError::from(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "timed out waiting for a pooled Redis connection",
+        )),
+    })
+}
+
+/// `bb8_redis::RedisConnectionManager` plus a broken flag. The pool does not test a connection
+/// on checkout (that would cost a PING round trip per decision); instead a connection that
+/// failed with an error that needs a reconnect is flagged, and bb8 drops it on return.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolManager(pub(crate) bb8_redis::RedisConnectionManager);
+
+/// A pooled connection and whether it must be replaced.
+pub(crate) struct PooledConn {
+    conn: MultiplexedConnection,
+    broken: bool,
+}
+
+impl PooledConn {
+    fn mark_if_broken<T>(&mut self, result: &RedisResult<T>) {
+        if let Err(e) = result
+            && e.is_unrecoverable_error()
+        {
+            self.broken = true;
+        }
+    }
+}
+
+impl bb8::ManageConnection for PoolManager {
+    type Connection = PooledConn;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<PooledConn, RedisError> {
+        Ok(PooledConn { conn: self.0.connect().await?, broken: false })
+    }
+
+    async fn is_valid(&self, conn: &mut PooledConn) -> Result<(), RedisError> {
+        self.0.is_valid(&mut conn.conn).await
+    }
+
+    fn has_broken(&self, conn: &mut PooledConn) -> bool {
+        conn.broken
+    }
+}

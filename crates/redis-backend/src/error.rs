@@ -1,0 +1,150 @@
+//! How a Redis error becomes a [`StoreError`]: its class decides whether a limiter applies the
+//! operation's failure mode (unavailable, busy) or reports a bug (script).
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use tollgate_core::{PolicyError, StoreError};
+
+/// The prefix of the error replies our scripts give for invalid arguments.
+const VALIDATION_PREFIX: &str = "tollgate:";
+
+/// Classifies a Redis error.
+///
+/// - connection refused, I/O, dropped connections, `LOADING`, `MASTERDOWN`, `READONLY`,
+///   `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`/`ASK` (a cluster re-sharding), `OOM` and a missing cluster
+///   node → [`StoreError::Unavailable`];
+/// - `BUSY` (another script is running) → [`StoreError::Busy`];
+/// - `ERR tollgate: ...` (a script refused its arguments; nothing was written) →
+///   [`StoreError::InvalidPolicy`];
+/// - anything else — a Lua runtime error, `WRONGTYPE`, `NOSCRIPT` that survived a reload, an
+///   unparsable reply, an authentication or ACL failure — → [`StoreError::Script`].
+///
+/// `NOSCRIPT` is handled inside the store (load and retry once) and normally never reaches here.
+///
+/// ```
+/// use tollgate_core::ErrorClass;
+/// let busy = redis::make_extension_error("BUSY".into(), Some("Redis is busy running a script".into()));
+/// assert_eq!(tollgate_redis::classify(&busy).class(), ErrorClass::Busy);
+/// ```
+pub fn classify(err: &RedisError) -> StoreError {
+    match err.kind() {
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => unavailable(err),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        ) => unavailable(err),
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+            if err.detail().is_some_and(|d| d.starts_with(VALIDATION_PREFIX)) =>
+        {
+            StoreError::InvalidPolicy(PolicyError::Overflow(format!(
+                "the Redis script refused its arguments: {}",
+                err.detail().unwrap_or_default()
+            )))
+        }
+        _ => match err.code() {
+            Some("BUSY") => StoreError::Busy(err.to_string()),
+            Some("OOM") => unavailable(err),
+            _ if err.is_connection_dropped() || err.is_connection_refusal() || err.is_timeout() => {
+                unavailable(err)
+            }
+            _ => StoreError::Script(err.to_string()),
+        },
+    }
+}
+
+/// Whether `err` is a `NOSCRIPT` reply: the server's script cache lost the script.
+pub(crate) fn is_noscript(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+fn unavailable(err: &RedisError) -> StoreError {
+    StoreError::unavailable(format!("Redis: {}", err.category()), err.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use tollgate_core::ErrorClass;
+
+    use super::*;
+
+    fn reply(line: &str) -> RedisError {
+        redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    fn class(err: &RedisError) -> ErrorClass {
+        classify(err).class()
+    }
+
+    #[test]
+    fn io_and_connection_failures_are_unavailable() {
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::UnexpectedEof,
+            io::ErrorKind::Other,
+        ] {
+            let err = RedisError::from(io::Error::new(kind, "boom"));
+            assert_eq!(class(&err), ErrorClass::Unavailable, "{kind:?}");
+        }
+        let dropped = RedisError::from((ErrorKind::Io, "Connection dropped"));
+        assert_eq!(class(&dropped), ErrorClass::Unavailable);
+    }
+
+    #[test]
+    fn server_states_that_pass_are_unavailable() {
+        for line in [
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "READONLY You can't write against a read only replica.",
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "MOVED 3999 127.0.0.1:6381",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        ] {
+            assert_eq!(class(&reply(line)), ErrorClass::Unavailable, "{line}");
+        }
+    }
+
+    #[test]
+    fn busy_is_busy() {
+        let err = reply(
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        );
+        assert!(matches!(classify(&err), StoreError::Busy(m) if m.contains("BUSY")));
+    }
+
+    #[test]
+    fn our_validation_replies_are_invalid_input() {
+        let err = reply("ERR tollgate: cost exceeds capacity");
+        assert_eq!(class(&err), ErrorClass::Invalid);
+        assert!(classify(&err).to_string().contains("cost exceeds capacity"));
+    }
+
+    #[test]
+    fn other_replies_are_script_errors_and_not_noscript() {
+        for line in [
+            "ERR user_script:12: Script attempted to access nonexistent global variable 'x'",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "NOPERM this user has no permissions to run the 'evalsha' command",
+            "NOSCRIPT No matching script. Please use EVAL.",
+        ] {
+            let err = reply(line);
+            assert_eq!(class(&err), ErrorClass::Script, "{line}");
+            assert_eq!(is_noscript(&err), line.starts_with("NOSCRIPT"), "{line}");
+        }
+        let parse = RedisError::from((ErrorKind::Parse, "bad reply"));
+        assert_eq!(class(&parse), ErrorClass::Script);
+        assert!(!is_noscript(&parse));
+    }
+}

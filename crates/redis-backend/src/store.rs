@@ -1,0 +1,271 @@
+//! [`RedisStore`]: the [`Store`] whose buckets live in Redis, one key per bucket, each decision
+//! one script execution on Redis time.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::{Pipeline, RedisError, Value};
+use tollgate_core::{Acquire, Decision, Key, Policy, Store, StoreError};
+
+use crate::builder::RedisStoreBuilder;
+use crate::connection::Conn;
+use crate::error::{classify, is_noscript};
+use crate::scripts::{self, BucketKey, Call, Invocation};
+
+/// A [`Store`] backed by Redis.
+///
+/// Each bucket is one Redis STRING at `<prefix>{<key>}:<alg>` (`alg` is `tb`, `fw` or `sl`):
+/// the whole [`Key`] is the hash tag, so every script touches one key in one slot and works on
+/// Redis Cluster. Each call is one `EVALSHA` of the algorithm's script (see [`crate::scripts`]),
+/// which reads Redis `TIME`, decides, and writes the state with an expiry in one atomic step.
+/// A `NOSCRIPT` reply (script cache lost to a restart, failover or `SCRIPT FLUSH`) is absorbed:
+/// the call is resent once with the script's source.
+///
+/// Cloning is cheap; clones share the connection.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), tollgate_core::StoreError> {
+/// use std::time::Duration;
+/// use tollgate_core::{Key, Policy, Rate, Store};
+/// use tollgate_redis::RedisStore;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .prefix("myapp:rl:")
+///     .timeout(Duration::from_millis(100))
+///     .pool(16)
+///     .build()
+///     .await?;
+/// let policy = Policy::token_bucket(10, Rate::per_second(5)).unwrap();
+/// let decision = store.acquire(&Key::new("login", ["alice"])?, &policy, 1).await?;
+/// println!("allowed: {}, remaining: {}", decision.allowed, decision.remaining);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    pub(crate) prefix: Box<str>,
+    pub(crate) timeout: Duration,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("connection", &self.inner.conn.kind())
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Starts configuring a store for the server at `url` (`redis://host:port/db`,
+    /// `redis://user:password@host:port`, or `rediss://...` with the `tls` feature).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(url.into())
+    }
+
+    /// The Redis key that holds `key`'s bucket under `policy`.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: tollgate_redis::RedisStore) {
+    /// # use std::time::Duration;
+    /// # use tollgate_core::{Key, Policy};
+    /// let p = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+    /// assert_eq!(store.redis_key(&Key::global("search"), &p), "tollgate:{search}:fw");
+    /// # }
+    /// ```
+    pub fn redis_key(&self, key: &Key, policy: &Policy) -> String {
+        self.bucket_key(key, policy).to_string()
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Loads every script into the server's cache (`SCRIPT LOAD`). Not needed for correctness —
+    /// a missing script is reloaded on demand — but it spares the first calls after a restart
+    /// or failover the extra upload.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        self.deadline(self.load_scripts_now()).await
+    }
+
+    pub(crate) async fn load_scripts_now(&self) -> Result<(), StoreError> {
+        let mut pipe = Pipeline::with_capacity(3);
+        for s in scripts::all() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(s.source());
+        }
+        let replies = self.inner.conn.pipeline(&pipe, 3).await.map_err(|e| classify(&e))?;
+        for (reply, script) in replies.into_iter().zip(scripts::all()) {
+            match reply {
+                Value::BulkString(sha) if sha == script.sha().as_bytes() => {}
+                other => {
+                    let err = other.extract_error().err();
+                    return Err(err.map_or_else(
+                        || StoreError::Script(format!("SCRIPT LOAD of {} returned another SHA", script.name())),
+                        |e| classify(&e),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn bucket_key<'a>(&'a self, key: &'a Key, policy: &Policy) -> BucketKey<'a> {
+        BucketKey { prefix: &self.inner.prefix, key: key.as_str(), suffix: scripts::for_policy(policy).key_suffix() }
+    }
+
+    async fn deadline<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.inner.timeout, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.inner.timeout)))
+    }
+
+    async fn invoke(&self, key: &Key, policy: &Policy, cost: u64, commit: bool) -> Result<Decision, StoreError> {
+        policy.check_cost(cost)?;
+        let inv = Invocation::new(&self.inner.prefix, key.as_str(), policy, cost, commit);
+        self.deadline(async {
+            let reply = match self.inner.conn.command(&inv.cmd(Call::EvalSha)).await {
+                Err(e) if is_noscript(&e) => self.inner.conn.command(&inv.cmd(Call::Eval)).await,
+                other => other,
+            };
+            decision(reply, inv.limit)
+        })
+        .await
+    }
+
+    async fn invoke_many(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+        let invs: Vec<Invocation<'_>> = requests
+            .iter()
+            .map(|r| Invocation::new(&self.inner.prefix, r.key.as_str(), r.policy, r.cost, true))
+            .collect();
+        let mut pipe = Pipeline::with_capacity(invs.len());
+        for inv in &invs {
+            pipe.add_command(inv.cmd(Call::EvalSha));
+        }
+        let mut replies = self.inner.conn.pipeline(&pipe, invs.len()).await.map_err(|e| classify(&e))?;
+        if replies.len() != invs.len() {
+            return Err(StoreError::Script(format!(
+                "pipeline of {} scripts returned {} replies",
+                invs.len(),
+                replies.len()
+            )));
+        }
+        // Only the commands refused with NOSCRIPT did not run; resend exactly those, with source.
+        let missing: Vec<usize> = (0..replies.len()).filter(|&i| is_noscript_reply(&replies[i])).collect();
+        if !missing.is_empty() {
+            let mut retry = Pipeline::with_capacity(missing.len());
+            for &i in &missing {
+                retry.add_command(invs[i].cmd(Call::Eval));
+            }
+            let again = self.inner.conn.pipeline(&retry, missing.len()).await.map_err(|e| classify(&e))?;
+            if again.len() != missing.len() {
+                return Err(StoreError::Script("NOSCRIPT retry returned the wrong number of replies".into()));
+            }
+            for (i, reply) in missing.into_iter().zip(again) {
+                replies[i] = reply;
+            }
+        }
+        replies
+            .into_iter()
+            .zip(&invs)
+            .map(|(reply, inv)| decision(reply.extract_error(), inv.limit))
+            .collect()
+    }
+}
+
+fn is_noscript_reply(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+/// Turns a script's reply `{allowed, remaining, retry_after_us, reset_after_us}` into a decision.
+fn decision(reply: Result<Value, RedisError>, limit: u64) -> Result<Decision, StoreError> {
+    let reply = reply.map_err(|e| classify(&e))?;
+    let bad = || StoreError::Script(format!("unexpected script reply: {reply:?}"));
+    let Value::Array(items) = &reply else { return Err(bad()) };
+    let [Value::Int(allowed), Value::Int(remaining), Value::Int(retry), Value::Int(reset)] = items.as_slice()
+    else {
+        return Err(bad());
+    };
+    let (remaining, reset) = match (u64::try_from(*remaining), u64::try_from(*reset)) {
+        (Ok(m), Ok(r)) if m <= limit => (m, r),
+        _ => return Err(bad()),
+    };
+    match (*allowed, *retry) {
+        (1, -1) => Ok(Decision::shared(true, limit, remaining, None, reset)),
+        (0, r) if r >= 0 => Ok(Decision::shared(false, limit, remaining, Some(r.unsigned_abs()), reset)),
+        _ => Err(bad()),
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.invoke(key, policy, cost, true).await
+    }
+
+    /// All requests go in one pipeline (one round trip; not a transaction: each request is
+    /// atomic on its own, in order). Nothing is sent if any request is invalid. If the server
+    /// lost the scripts, the requests it refused with NOSCRIPT — and only those — are resent.
+    /// An error in any request fails the batch, although the other requests were applied.
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+        for r in requests {
+            r.policy.check_cost(r.cost)?;
+        }
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.deadline(self.invoke_many(requests)).await
+    }
+
+    async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.invoke(key, policy, cost, false).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        let mut cmd = redis::Cmd::new();
+        cmd.arg("DEL").arg(self.bucket_key(key, policy));
+        self.deadline(async { self.inner.conn.command(&cmd).await.map(drop).map_err(|e| classify(&e)) })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arr(v: [i64; 4]) -> Result<Value, RedisError> {
+        Ok(Value::Array(v.iter().map(|&i| Value::Int(i)).collect()))
+    }
+
+    #[test]
+    fn decodes_allowed_and_denied_replies() {
+        let d = decision(arr([1, 3, -1, 3_500_000]), 10).unwrap();
+        assert_eq!(d, Decision::shared(true, 10, 3, None, 3_500_000));
+        let d = decision(arr([0, 0, 1_400_000, 5_000_000]), 10).unwrap();
+        assert_eq!(d, Decision::shared(false, 10, 0, Some(1_400_000), 5_000_000));
+    }
+
+    #[test]
+    fn refuses_malformed_replies_as_script_errors() {
+        for bad in [[2, 0, -1, 0], [1, 11, -1, 0], [1, 0, 5, 0], [0, 0, -1, 0], [1, -1, -1, 0], [1, 0, -1, -5]] {
+            assert!(matches!(decision(arr(bad), 10), Err(StoreError::Script(_))), "{bad:?}");
+        }
+        assert!(matches!(decision(Ok(Value::Nil), 10), Err(StoreError::Script(_))));
+        assert!(matches!(decision(Ok(Value::Array(vec![Value::Int(1)])), 10), Err(StoreError::Script(_))));
+    }
+}
