@@ -121,7 +121,11 @@ impl RedisStoreBuilder {
         let store = async {
             let conn = connect.await?;
             let store = RedisStore {
-                inner: Arc::new(Inner { conn, prefix: self.prefix.into(), timeout: self.timeout }),
+                inner: Arc::new(Inner {
+                    conn,
+                    prefix: self.prefix.into(),
+                    timeout: self.timeout,
+                }),
             };
             store.load_scripts_now().await?;
             Ok(store)
@@ -138,7 +142,11 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), StoreError> {
         && prefix
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'_' | b'.' | b'-'));
-    if ok { Ok(()) } else { Err(KeyError::BadNamespace(prefix.to_owned()).into()) }
+    if ok {
+        Ok(())
+    } else {
+        Err(KeyError::BadNamespace(prefix.to_owned()).into())
+    }
 }
 
 #[cfg(test)]
@@ -151,7 +159,10 @@ mod tests {
         assert!(check_prefix("").is_ok());
         assert!(check_prefix("App-1.rl_v2:").is_ok());
         for bad in ["{x}:", "a}", "a b", "a\n", "ünï", &"x".repeat(65)] {
-            assert!(matches!(check_prefix(bad), Err(StoreError::InvalidKey(_))), "{bad:?}");
+            assert!(
+                matches!(check_prefix(bad), Err(StoreError::InvalidKey(_))),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -89,7 +89,10 @@ impl bb8::ManageConnection for PoolManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<PooledConn, RedisError> {
-        Ok(PooledConn { conn: self.0.connect().await?, broken: false })
+        Ok(PooledConn {
+            conn: self.0.connect().await?,
+            broken: false,
+        })
     }
 
     async fn is_valid(&self, conn: &mut PooledConn) -> Result<(), RedisError> {

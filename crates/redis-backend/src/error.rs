@@ -27,8 +27,9 @@ const VALIDATION_PREFIX: &str = "tollgate:";
 /// ```
 pub fn classify(err: &RedisError) -> StoreError {
     match err.kind() {
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => unavailable(err),
-        ErrorKind::Server(
+        ErrorKind::Io
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::MasterDown
             | ServerErrorKind::ReadOnly
@@ -38,7 +39,9 @@ pub fn classify(err: &RedisError) -> StoreError {
             | ServerErrorKind::Ask,
         ) => unavailable(err),
         ErrorKind::Server(ServerErrorKind::ResponseError)
-            if err.detail().is_some_and(|d| d.starts_with(VALIDATION_PREFIX)) =>
+            if err
+                .detail()
+                .is_some_and(|d| d.starts_with(VALIDATION_PREFIX)) =>
         {
             StoreError::InvalidPolicy(PolicyError::Overflow(format!(
                 "the Redis script refused its arguments: {}",

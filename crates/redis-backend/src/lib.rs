@@ -30,6 +30,8 @@ mod error;
 pub mod scripts;
 mod store;
 
-pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, RedisStoreBuilder};
+pub use builder::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, RedisStoreBuilder,
+};
 pub use error::classify;
 pub use store::RedisStore;

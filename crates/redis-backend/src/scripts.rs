@@ -30,7 +30,12 @@ pub struct Script {
 impl Script {
     fn new(name: &'static str, suffix: &'static str, source: &'static str) -> Self {
         let sha = redis::Script::new(source).get_hash().to_owned();
-        Self { name, suffix, source, sha }
+        Self {
+            name,
+            suffix,
+            source,
+            sha,
+        }
     }
 
     /// The algorithm's stable name (`token_bucket`, `fixed_window`, `sliding_log`).
@@ -56,9 +61,21 @@ impl Script {
 
 static SCRIPTS: LazyLock<[Script; 3]> = LazyLock::new(|| {
     [
-        Script::new("token_bucket", "tb", include_str!("../scripts/token_bucket.lua")),
-        Script::new("fixed_window", "fw", include_str!("../scripts/fixed_window.lua")),
-        Script::new("sliding_log", "sl", include_str!("../scripts/sliding_log.lua")),
+        Script::new(
+            "token_bucket",
+            "tb",
+            include_str!("../scripts/token_bucket.lua"),
+        ),
+        Script::new(
+            "fixed_window",
+            "fw",
+            include_str!("../scripts/fixed_window.lua"),
+        ),
+        Script::new(
+            "sliding_log",
+            "sl",
+            include_str!("../scripts/sliding_log.lua"),
+        ),
     ]
 });
 
@@ -121,7 +138,10 @@ pub struct Args {
 
 impl Args {
     fn new(values: &[u64]) -> Self {
-        let mut out = Self { values: [0; 6], len: values.len() };
+        let mut out = Self {
+            values: [0; 6],
+            len: values.len(),
+        };
         out.values[..values.len()].copy_from_slice(values);
         out
     }
@@ -177,11 +197,21 @@ pub(crate) struct Invocation<'a> {
 }
 
 impl<'a> Invocation<'a> {
-    pub(crate) fn new(prefix: &'a str, key: &'a str, policy: &Policy, cost: u64, commit: bool) -> Self {
+    pub(crate) fn new(
+        prefix: &'a str,
+        key: &'a str,
+        policy: &Policy,
+        cost: u64,
+        commit: bool,
+    ) -> Self {
         let script = for_policy(policy);
         Self {
             script,
-            key: BucketKey { prefix, key, suffix: script.suffix },
+            key: BucketKey {
+                prefix,
+                key,
+                suffix: script.suffix,
+            },
             args: args(policy, cost, commit),
             limit: policy.limit(),
         }
@@ -189,7 +219,8 @@ impl<'a> Invocation<'a> {
 
     pub(crate) fn cmd(&self, call: Call) -> redis::Cmd {
         let key_len = self.key.prefix.len() + self.key.key.len() + 6;
-        let mut cmd = redis::Cmd::with_capacity(3 + self.args.len, 64 + key_len + 17 * self.args.len);
+        let mut cmd =
+            redis::Cmd::with_capacity(3 + self.args.len, 64 + key_len + 17 * self.args.len);
         match call {
             Call::EvalSha => cmd.arg("EVALSHA").arg(self.script.sha.as_str()),
             Call::Eval => cmd.arg("EVAL").arg(self.script.source),
@@ -218,7 +249,11 @@ mod tests {
 
     #[test]
     fn bucket_key_puts_the_whole_identity_in_the_hash_tag() {
-        let k = BucketKey { prefix: "tollgate:", key: "login:alice%40x", suffix: "tb" };
+        let k = BucketKey {
+            prefix: "tollgate:",
+            key: "login:alice%40x",
+            suffix: "tb",
+        };
         assert_eq!(k.to_string(), "tollgate:{login:alice%40x}:tb");
         let packed = redis::Cmd::new().arg(k).get_packed_command();
         assert!(packed.ends_with(b"tollgate:{login:alice%40x}:tb\r\n"));
@@ -230,7 +265,10 @@ mod tests {
             .unwrap()
             .with_max_elapsed(Duration::from_secs(2))
             .unwrap();
-        assert_eq!(args(&p, 2, false).as_slice(), &[7, 3_000_000, 7, 2_000_000, 2, 0]);
+        assert_eq!(
+            args(&p, 2, false).as_slice(),
+            &[7, 3_000_000, 7, 2_000_000, 2, 0]
+        );
         let p = Policy::sliding_log(5, Duration::from_millis(1500)).unwrap();
         assert_eq!(args(&p, 5, true).as_slice(), &[5, 1_500_000, 5, 1]);
     }
@@ -241,7 +279,9 @@ mod tests {
         let inv = Invocation::new("t:", "k", &p, 1, true);
         let sha = String::from_utf8(inv.cmd(Call::EvalSha).get_packed_command()).unwrap();
         assert!(sha.contains(all()[1].sha()));
-        assert!(sha.ends_with("$8\r\nt:{k}:fw\r\n$1\r\n3\r\n$7\r\n1000000\r\n$1\r\n1\r\n$1\r\n1\r\n"));
+        assert!(
+            sha.ends_with("$8\r\nt:{k}:fw\r\n$1\r\n3\r\n$7\r\n1000000\r\n$1\r\n1\r\n$1\r\n1\r\n")
+        );
         let eval = String::from_utf8(inv.cmd(Call::Eval).get_packed_command()).unwrap();
         assert!(eval.contains("tollgate fixed window"));
     }

@@ -106,14 +106,24 @@ impl RedisStore {
         for s in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(s.source());
         }
-        let replies = self.inner.conn.pipeline(&pipe, 3).await.map_err(|e| classify(&e))?;
+        let replies = self
+            .inner
+            .conn
+            .pipeline(&pipe, 3)
+            .await
+            .map_err(|e| classify(&e))?;
         for (reply, script) in replies.into_iter().zip(scripts::all()) {
             match reply {
                 Value::BulkString(sha) if sha == script.sha().as_bytes() => {}
                 other => {
                     let err = other.extract_error().err();
                     return Err(err.map_or_else(
-                        || StoreError::Script(format!("SCRIPT LOAD of {} returned another SHA", script.name())),
+                        || {
+                            StoreError::Script(format!(
+                                "SCRIPT LOAD of {} returned another SHA",
+                                script.name()
+                            ))
+                        },
                         |e| classify(&e),
                     ));
                 }
@@ -123,7 +133,11 @@ impl RedisStore {
     }
 
     fn bucket_key<'a>(&'a self, key: &'a Key, policy: &Policy) -> BucketKey<'a> {
-        BucketKey { prefix: &self.inner.prefix, key: key.as_str(), suffix: scripts::for_policy(policy).key_suffix() }
+        BucketKey {
+            prefix: &self.inner.prefix,
+            key: key.as_str(),
+            suffix: scripts::for_policy(policy).key_suffix(),
+        }
     }
 
     async fn deadline<T>(
@@ -135,7 +149,13 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout(self.inner.timeout)))
     }
 
-    async fn invoke(&self, key: &Key, policy: &Policy, cost: u64, commit: bool) -> Result<Decision, StoreError> {
+    async fn invoke(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        commit: bool,
+    ) -> Result<Decision, StoreError> {
         policy.check_cost(cost)?;
         let inv = Invocation::new(&self.inner.prefix, key.as_str(), policy, cost, commit);
         self.deadline(async {
@@ -157,7 +177,12 @@ impl RedisStore {
         for inv in &invs {
             pipe.add_command(inv.cmd(Call::EvalSha));
         }
-        let mut replies = self.inner.conn.pipeline(&pipe, invs.len()).await.map_err(|e| classify(&e))?;
+        let mut replies = self
+            .inner
+            .conn
+            .pipeline(&pipe, invs.len())
+            .await
+            .map_err(|e| classify(&e))?;
         if replies.len() != invs.len() {
             return Err(StoreError::Script(format!(
                 "pipeline of {} scripts returned {} replies",
@@ -166,15 +191,24 @@ impl RedisStore {
             )));
         }
         // Only the commands refused with NOSCRIPT did not run; resend exactly those, with source.
-        let missing: Vec<usize> = (0..replies.len()).filter(|&i| is_noscript_reply(&replies[i])).collect();
+        let missing: Vec<usize> = (0..replies.len())
+            .filter(|&i| is_noscript_reply(&replies[i]))
+            .collect();
         if !missing.is_empty() {
             let mut retry = Pipeline::with_capacity(missing.len());
             for &i in &missing {
                 retry.add_command(invs[i].cmd(Call::Eval));
             }
-            let again = self.inner.conn.pipeline(&retry, missing.len()).await.map_err(|e| classify(&e))?;
+            let again = self
+                .inner
+                .conn
+                .pipeline(&retry, missing.len())
+                .await
+                .map_err(|e| classify(&e))?;
             if again.len() != missing.len() {
-                return Err(StoreError::Script("NOSCRIPT retry returned the wrong number of replies".into()));
+                return Err(StoreError::Script(
+                    "NOSCRIPT retry returned the wrong number of replies".into(),
+                ));
             }
             for (i, reply) in missing.into_iter().zip(again) {
                 replies[i] = reply;
@@ -196,8 +230,15 @@ fn is_noscript_reply(v: &Value) -> bool {
 fn decision(reply: Result<Value, RedisError>, limit: u64) -> Result<Decision, StoreError> {
     let reply = reply.map_err(|e| classify(&e))?;
     let bad = || StoreError::Script(format!("unexpected script reply: {reply:?}"));
-    let Value::Array(items) = &reply else { return Err(bad()) };
-    let [Value::Int(allowed), Value::Int(remaining), Value::Int(retry), Value::Int(reset)] = items.as_slice()
+    let Value::Array(items) = &reply else {
+        return Err(bad());
+    };
+    let [
+        Value::Int(allowed),
+        Value::Int(remaining),
+        Value::Int(retry),
+        Value::Int(reset),
+    ] = items.as_slice()
     else {
         return Err(bad());
     };
@@ -207,7 +248,13 @@ fn decision(reply: Result<Value, RedisError>, limit: u64) -> Result<Decision, St
     };
     match (*allowed, *retry) {
         (1, -1) => Ok(Decision::shared(true, limit, remaining, None, reset)),
-        (0, r) if r >= 0 => Ok(Decision::shared(false, limit, remaining, Some(r.unsigned_abs()), reset)),
+        (0, r) if r >= 0 => Ok(Decision::shared(
+            false,
+            limit,
+            remaining,
+            Some(r.unsigned_abs()),
+            reset,
+        )),
         _ => Err(bad()),
     }
 }
@@ -239,8 +286,15 @@ impl Store for RedisStore {
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
         let mut cmd = redis::Cmd::new();
         cmd.arg("DEL").arg(self.bucket_key(key, policy));
-        self.deadline(async { self.inner.conn.command(&cmd).await.map(drop).map_err(|e| classify(&e)) })
-            .await
+        self.deadline(async {
+            self.inner
+                .conn
+                .command(&cmd)
+                .await
+                .map(drop)
+                .map_err(|e| classify(&e))
+        })
+        .await
     }
 }
 
@@ -248,6 +302,7 @@ impl Store for RedisStore {
 mod tests {
     use super::*;
 
+    #[allow(clippy::unnecessary_wraps)]
     fn arr(v: [i64; 4]) -> Result<Value, RedisError> {
         Ok(Value::Array(v.iter().map(|&i| Value::Int(i)).collect()))
     }
@@ -257,15 +312,34 @@ mod tests {
         let d = decision(arr([1, 3, -1, 3_500_000]), 10).unwrap();
         assert_eq!(d, Decision::shared(true, 10, 3, None, 3_500_000));
         let d = decision(arr([0, 0, 1_400_000, 5_000_000]), 10).unwrap();
-        assert_eq!(d, Decision::shared(false, 10, 0, Some(1_400_000), 5_000_000));
+        assert_eq!(
+            d,
+            Decision::shared(false, 10, 0, Some(1_400_000), 5_000_000)
+        );
     }
 
     #[test]
     fn refuses_malformed_replies_as_script_errors() {
-        for bad in [[2, 0, -1, 0], [1, 11, -1, 0], [1, 0, 5, 0], [0, 0, -1, 0], [1, -1, -1, 0], [1, 0, -1, -5]] {
-            assert!(matches!(decision(arr(bad), 10), Err(StoreError::Script(_))), "{bad:?}");
+        for bad in [
+            [2, 0, -1, 0],
+            [1, 11, -1, 0],
+            [1, 0, 5, 0],
+            [0, 0, -1, 0],
+            [1, -1, -1, 0],
+            [1, 0, -1, -5],
+        ] {
+            assert!(
+                matches!(decision(arr(bad), 10), Err(StoreError::Script(_))),
+                "{bad:?}"
+            );
         }
-        assert!(matches!(decision(Ok(Value::Nil), 10), Err(StoreError::Script(_))));
-        assert!(matches!(decision(Ok(Value::Array(vec![Value::Int(1)])), 10), Err(StoreError::Script(_))));
+        assert!(matches!(
+            decision(Ok(Value::Nil), 10),
+            Err(StoreError::Script(_))
+        ));
+        assert!(matches!(
+            decision(Ok(Value::Array(vec![Value::Int(1)])), 10),
+            Err(StoreError::Script(_))
+        ));
     }
 }

@@ -1,0 +1,636 @@
+//! RedisStore against a real redis-server: the scripts' numbers, validation, NOSCRIPT recovery,
+//! error classification, expiry, both connection kinds, batching and memory per key.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Server;
+use redis::Value;
+use tollgate_core::{Acquire, ErrorClass, Key, Policy, PolicyError, Rate, Store, StoreError};
+use tollgate_redis::{RedisStore, classify, scripts};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const HOUR_US: u64 = 3_600_000_000;
+
+fn key(part: &str) -> Key {
+    Key::new("test", [part]).unwrap()
+}
+
+fn us(d: Option<Duration>) -> u64 {
+    d.expect("a retry_after").as_micros() as u64
+}
+
+fn dbsize(server: &Server) -> u64 {
+    redis::cmd("DBSIZE").query(&mut server.conn()).unwrap()
+}
+
+fn info_field(server: &Server, section: &str, field: &str) -> Option<String> {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(str::to_owned))
+}
+
+#[tokio::test]
+async fn token_bucket_allows_then_denies_with_exact_retry_and_remaining() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    // One token per hour: refill during the test is a few units out of 3.6e9 per token.
+    let p = Policy::token_bucket(10, Rate::new(1, HOUR)).unwrap();
+    let k = key("tb");
+
+    let d = store.acquire(&k, &p, 7).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!((d.limit, d.remaining, d.retry_after), (10, 3, None));
+    assert_eq!(
+        d.reset_after,
+        7 * HOUR,
+        "a fresh bucket is full, so reset is exactly 7 tokens away"
+    );
+
+    let d = store.acquire(&k, &p, 7).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.remaining, 3);
+    let retry = us(d.retry_after);
+    assert!(
+        retry <= 4 * HOUR_US && retry > 4 * HOUR_US - 1_000_000,
+        "retry {retry}"
+    );
+    assert!(d.reset_after.as_micros() as u64 > 6 * HOUR_US);
+
+    let d = store.acquire(&k, &p, 3).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 0);
+    let peek = store.peek(&k, &p, 1).await.unwrap();
+    assert!(!peek.allowed);
+    assert!(us(peek.retry_after) <= HOUR_US);
+}
+
+#[tokio::test]
+async fn fixed_window_counts_weighted_costs_and_retries_at_the_window_end() {
+    let server = Server::start();
+    let store = server.pooled(2).await;
+    let p = Policy::fixed_window(3, HOUR).unwrap();
+    let k = key("fw");
+
+    let d = store.acquire(&k, &p, 2).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.retry_after), (1, None));
+    let d = store.acquire(&k, &p, 2).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.remaining, 1);
+    assert_eq!(
+        d.retry_after,
+        Some(d.reset_after),
+        "a window's retry is its end"
+    );
+    assert!(d.reset_after <= HOUR);
+    let d = store.acquire(&k, &p, 1).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 0);
+}
+
+#[tokio::test]
+async fn sliding_log_counts_the_last_window_and_retries_when_enough_leaves() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let p = Policy::sliding_log(5, HOUR).unwrap();
+    let k = key("sl");
+
+    let d = store.acquire(&k, &p, 2).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset_after), (3, HOUR));
+    let d = store.acquire(&k, &p, 3).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset_after), (0, HOUR));
+    let d = store.acquire(&k, &p, 1).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.remaining, 0);
+    // the first entry (cost 2) leaving is enough for cost 1
+    let retry = us(d.retry_after);
+    assert!(
+        retry <= HOUR_US && retry > HOUR_US - 1_000_000,
+        "retry {retry}"
+    );
+    let d = store.acquire(&k, &p, 1).await.unwrap();
+    assert!(!d.allowed);
+}
+
+#[tokio::test]
+async fn invalid_requests_are_refused_before_any_call_and_write_nothing() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+    let k = key("bad");
+    assert!(matches!(
+        store.acquire(&k, &p, 0).await,
+        Err(StoreError::InvalidPolicy(PolicyError::ZeroCost))
+    ));
+    assert!(matches!(
+        store.peek(&k, &p, 11).await,
+        Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity {
+            cost: 11,
+            max: 10
+        }))
+    ));
+    let batch = [
+        Acquire {
+            key: &k,
+            policy: &p,
+            cost: 1,
+        },
+        Acquire {
+            key: &k,
+            policy: &p,
+            cost: 11,
+        },
+    ];
+    assert_eq!(
+        store.acquire_many(&batch).await.unwrap_err().class(),
+        ErrorClass::Invalid
+    );
+    assert_eq!(dbsize(&server), 0);
+    assert!(
+        info_field(&server, "commandstats", "cmdstat_evalsha").is_none(),
+        "nothing reached Redis"
+    );
+}
+
+#[tokio::test]
+async fn scripts_validate_every_argument_and_write_nothing() {
+    let server = Server::start();
+    let _store = server.multiplexed().await; // loads the scripts
+    let mut conn = server.conn();
+    let cases: [(usize, &[&[&str]]); 3] = [
+        (
+            0,
+            &[
+                &["0", "1", "1", "0", "1", "1"],
+                &["10", "0", "1", "0", "1", "1"],
+                &["10", "1", "0", "0", "1", "1"],
+                &["10", "1", "1", "-1", "1", "1"],
+                &["10", "1", "1", "0", "0", "1"],
+                &["10", "1", "1", "0", "11", "1"],
+                &["10", "1", "1", "0", "1", "2"],
+                &["10", "1.5", "1", "0", "1", "1"],
+                &["10", "1e3", "1", "0", "1", "1"],
+                &["10", "0x10", "1", "0", "1", "1"],
+                &["4503599627370497", "1", "1", "0", "1", "1"],
+                &["4503599627370496", "2", "1", "0", "1", "1"],
+                &["4503599627370496", "1", "1", "0", "1", "1"],
+                &["99999999999999999999", "1", "1", "0", "1", "1"],
+                &["10", "1", "1", "0", "1"],
+                &["10", "1", "1", "0", "1", "1", "1"],
+                &["10", "", "1", "0", "1", "1"],
+            ],
+        ),
+        (
+            1,
+            &[
+                &["0", "1000", "1", "1"],
+                &["10", "0", "1", "1"],
+                &["10", "1000", "0", "1"],
+                &["10", "1000", "11", "1"],
+                &["10", "1000", "1", "x"],
+                &["10", " 1000", "1", "1"],
+                &["4503599627370497", "1000", "1", "1"],
+                &["10", "1000", "1"],
+            ],
+        ),
+        (
+            2,
+            &[
+                &["0", "1000", "1", "1"],
+                &["1001", "1000", "1", "1"],
+                &["10", "0", "1", "1"],
+                &["10", "1000", "0", "1"],
+                &["10", "1000", "11", "1"],
+                &["10", "1000", "1", "-1"],
+                &["10", "1000", "1", "1", "1"],
+            ],
+        ),
+    ];
+    for (index, bad_args) in cases {
+        let script = &scripts::all()[index];
+        for args in bad_args {
+            let err = redis::cmd("EVALSHA")
+                .arg(script.sha())
+                .arg(1)
+                .arg("tollgate:{validation}:x")
+                .arg(*args)
+                .query::<Value>(&mut conn)
+                .expect_err(&format!("{} accepted {args:?}", script.name()));
+            assert_eq!(err.code(), Some("ERR"), "{err}");
+            assert!(
+                err.detail().unwrap_or_default().starts_with("tollgate: "),
+                "{err}"
+            );
+            assert_eq!(classify(&err).class(), ErrorClass::Invalid, "{err}");
+        }
+        // two keys: refused too
+        let err = redis::cmd("EVALSHA")
+            .arg(script.sha())
+            .arg(2)
+            .arg("a")
+            .arg("b")
+            .arg(scripts::args(&Policy::fixed_window(1, HOUR).unwrap(), 1, true).as_slice())
+            .query::<Value>(&mut conn)
+            .unwrap_err();
+        assert!(
+            err.detail().unwrap_or_default().starts_with("tollgate: "),
+            "{err}"
+        );
+    }
+    assert_eq!(dbsize(&server), 0, "a refused call writes nothing");
+}
+
+async fn noscript_is_absorbed(store: RedisStore, server: &Server) {
+    let policies = [
+        Policy::token_bucket(5, Rate::per_minute(1)).unwrap(),
+        Policy::fixed_window(5, HOUR).unwrap(),
+        Policy::sliding_log(5, HOUR).unwrap(),
+    ];
+    let k = key("noscript");
+    for p in &policies {
+        assert!(store.acquire(&k, p, 1).await.unwrap().allowed);
+    }
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
+    for p in &policies {
+        let d = store.acquire(&k, p, 1).await.expect("NOSCRIPT is absorbed");
+        assert_eq!(d.remaining, 3, "{p}: the retried call ran exactly once");
+    }
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(
+        store.peek(&k, &policies[0], 1).await.unwrap().remaining,
+        2,
+        "peek reports the remaining after the cost"
+    );
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
+    let batch: Vec<Acquire<'_>> = policies
+        .iter()
+        .map(|p| Acquire {
+            key: &k,
+            policy: p,
+            cost: 1,
+        })
+        .collect();
+    let ds = store
+        .acquire_many(&batch)
+        .await
+        .expect("NOSCRIPT in a pipeline is absorbed");
+    assert!(ds.iter().all(|d| d.allowed && d.remaining == 2), "{ds:?}");
+    let exists: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(
+            scripts::all()
+                .iter()
+                .map(scripts::Script::sha)
+                .collect::<Vec<_>>(),
+        )
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(
+        exists, [true; 3],
+        "the retry put the scripts back in the cache"
+    );
+}
+
+#[tokio::test]
+async fn noscript_after_script_flush_is_absorbed_multiplexed() {
+    let server = Server::start();
+    noscript_is_absorbed(server.multiplexed().await, &server).await;
+}
+
+#[tokio::test]
+async fn noscript_after_script_flush_is_absorbed_pooled() {
+    let server = Server::start();
+    noscript_is_absorbed(server.pooled(3).await, &server).await;
+}
+
+#[tokio::test]
+async fn wrong_type_at_the_key_is_a_script_error_not_a_noscript_retry() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let p = Policy::token_bucket(5, Rate::per_second(1)).unwrap();
+    let k = key("wrongtype");
+    let () = redis::cmd("HSET")
+        .arg(store.redis_key(&k, &p))
+        .arg("f")
+        .arg("v")
+        .query(&mut server.conn())
+        .unwrap();
+    let err = store.acquire(&k, &p, 1).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Script(m) if m.contains("WRONGTYPE")),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), ErrorClass::Script);
+    assert!(
+        info_field(&server, "commandstats", "cmdstat_eval").is_none(),
+        "a non-NOSCRIPT error must not trigger the EVAL reload"
+    );
+}
+
+#[tokio::test]
+async fn a_stored_value_of_unexpected_shape_counts_as_a_missing_bucket() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let k = key("garbage");
+    let policies = [
+        Policy::token_bucket(5, Rate::per_second(1)).unwrap(),
+        Policy::fixed_window(5, HOUR).unwrap(),
+        Policy::sliding_log(5, HOUR).unwrap(),
+    ];
+    for p in &policies {
+        let rk = store.redis_key(&k, p);
+        for junk in [&b"x"[..], &[0xff; 16], &[0u8; 17], &[0x7f; 32]] {
+            let () = redis::cmd("SET")
+                .arg(&rk)
+                .arg(junk)
+                .query(&mut server.conn())
+                .unwrap();
+            let d = store.peek(&k, p, 5).await.unwrap();
+            assert!(d.allowed && d.remaining == 0, "{p} with {junk:?}: {d:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_written_key_has_an_expiry_and_the_documented_name() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let k = Key::new("login", ["alice@example.com"]).unwrap();
+    let tb = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
+    let fw = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let sl = Policy::sliding_log(10, Duration::from_secs(30)).unwrap();
+
+    for p in [&tb, &fw, &sl] {
+        assert!(store.peek(&k, p, 1).await.unwrap().allowed);
+    }
+    assert_eq!(dbsize(&server), 0, "peek never writes");
+
+    store.acquire(&k, &tb, 7).await.unwrap();
+    store.acquire(&k, &fw, 3).await.unwrap();
+    store.acquire(&k, &sl, 3).await.unwrap();
+    let mut conn = server.conn();
+    let mut names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "tollgate:{login:alice%40example.com}:fw",
+            "tollgate:{login:alice%40example.com}:sl",
+            "tollgate:{login:alice%40example.com}:tb",
+        ]
+    );
+    for (p, max_ms) in [(&tb, 3_500), (&fw, 60_000), (&sl, 30_000)] {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(store.redis_key(&k, p))
+            .query(&mut conn)
+            .unwrap();
+        assert!(pttl > 0 && pttl <= max_ms, "{p}: PTTL {pttl}");
+    }
+    // a token-bucket denial rewrites the (unchanged) state, still with an expiry
+    assert!(!store.acquire(&k, &tb, 5).await.unwrap().allowed);
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(store.redis_key(&k, &tb))
+        .query(&mut conn)
+        .unwrap();
+    assert!(pttl > 0);
+
+    store.reset(&k, &tb).await.unwrap();
+    assert_eq!(dbsize(&server), 2);
+    assert_eq!(
+        store.acquire(&k, &tb, 1).await.unwrap().remaining,
+        9,
+        "reset gives a fresh bucket"
+    );
+}
+
+#[tokio::test]
+async fn custom_prefix_is_used_and_bad_prefixes_are_refused() {
+    let server = Server::start();
+    let store = RedisStore::builder(server.url())
+        .prefix("app.rl:v2:")
+        .build()
+        .await
+        .unwrap();
+    let p = Policy::fixed_window(1, HOUR).unwrap();
+    store.acquire(&Key::global("search"), &p, 1).await.unwrap();
+    let names: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(names, ["app.rl:v2:{search}:fw"]);
+    for bad in ["{a}", "a b", "x}"] {
+        let err = RedisStore::builder(server.url())
+            .prefix(bad)
+            .build()
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Invalid, "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn multiplexed_and_pooled_stores_share_buckets() {
+    let server = Server::start();
+    let a = server.multiplexed().await;
+    let b = server.pooled(4).await;
+    let p = Policy::fixed_window(4, HOUR).unwrap();
+    let k = key("shared");
+    assert_eq!(a.acquire(&k, &p, 1).await.unwrap().remaining, 3);
+    assert_eq!(b.acquire(&k, &p, 1).await.unwrap().remaining, 2);
+    assert_eq!(a.clone().acquire(&k, &p, 2).await.unwrap().remaining, 0);
+    assert!(!b.acquire(&k, &p, 1).await.unwrap().allowed);
+    assert!(format!("{b:?}").contains("pool"));
+}
+
+#[tokio::test]
+async fn acquire_many_is_one_round_trip_in_order() {
+    let server = Server::start();
+    let store = server.pooled(1).await;
+    let p = Policy::fixed_window(40, HOUR).unwrap();
+    let keys: Vec<Key> = (0..5).map(|i| key(&format!("batch{i}"))).collect();
+    let batch: Vec<Acquire<'_>> = (0..50)
+        .map(|i| Acquire {
+            key: &keys[i % 5],
+            policy: &p,
+            cost: 1 + (i as u64 % 3),
+        })
+        .collect();
+    store.acquire(&keys[0], &p, 1).await.unwrap(); // warm the pooled connection
+    let mut conn = server.conn();
+    let mut reads = || -> u64 {
+        let info: String = redis::cmd("INFO").arg("stats").query(&mut conn).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_reads_processed:"))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = reads();
+    let ds = store.acquire_many(&batch).await.unwrap();
+    let after = reads();
+    // `after` also counts the second INFO's own read; 50 separate round trips would be 50 reads.
+    assert!(
+        after - before <= 3,
+        "{} socket reads for one batch",
+        after - before
+    );
+
+    let mut used = [1u64, 0, 0, 0, 0];
+    for (i, (d, r)) in ds.iter().zip(&batch).enumerate() {
+        let k = i % 5;
+        let fits = used[k] + r.cost <= 40;
+        assert_eq!(d.allowed, fits, "request {i}");
+        if fits {
+            used[k] += r.cost;
+        }
+        assert_eq!(d.remaining, 40 - used[k], "request {i}");
+    }
+    assert!(store.acquire_many(&[]).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unreachable_server_is_unavailable_and_calls_time_out() {
+    let server = Server::start();
+    let url = server.url();
+    let store = RedisStore::builder(url.clone())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let pooled = RedisStore::builder(url.clone())
+        .timeout(Duration::from_millis(300))
+        .pool(2)
+        .build()
+        .await
+        .unwrap();
+    drop(server);
+    let p = Policy::fixed_window(1, HOUR).unwrap();
+    for s in [&store, &pooled] {
+        let err = s.acquire(&key("down"), &p, 1).await.unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+    }
+    let err = RedisStore::builder(url)
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+    let err = RedisStore::builder("nonsense://x")
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+}
+
+#[tokio::test]
+async fn a_stalled_server_times_out() {
+    let server = Server::start();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let p = Policy::fixed_window(2, HOUR).unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(600)
+        .query(&mut server.conn())
+        .unwrap();
+    let err = store.acquire(&key("slow"), &p, 1).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Timeout(d) if d == Duration::from_millis(200)),
+        "{err:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let d = store
+        .acquire(&key("slow"), &p, 1)
+        .await
+        .expect("the connection still works");
+    // A timeout does not mean "not applied": the late command ran when the pause ended.
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+}
+
+#[tokio::test]
+async fn a_server_running_a_long_script_is_busy() {
+    let server = Server::start();
+    let store = server.pooled(2).await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("busy-reply-threshold")
+        .arg(50)
+        .query(&mut server.conn())
+        .unwrap();
+    let mut conn = server.conn();
+    let spin = std::thread::spawn(move || {
+        let script = "local a = redis.call('TIME') \
+            while true do local b = redis.call('TIME') \
+            if (b[1] - a[1]) * 1000000 + (b[2] - a[2]) > 700000 then return 1 end end";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let p = Policy::fixed_window(1, HOUR).unwrap();
+    let err = store.acquire(&key("busy"), &p, 1).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Busy, "{err:?}");
+    spin.join().unwrap();
+    assert!(store.acquire(&key("busy"), &p, 1).await.unwrap().allowed);
+}
+
+#[tokio::test]
+async fn memory_usage_per_idle_key_is_small() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let k = Key::new("api", ["user-12345"]).unwrap();
+    let tb = Policy::token_bucket(100, Rate::per_second(10)).unwrap();
+    let fw = Policy::fixed_window(100, HOUR).unwrap();
+    let sl = Policy::sliding_log(1000, HOUR).unwrap();
+    store.acquire(&k, &tb, 1).await.unwrap();
+    store.acquire(&k, &fw, 1).await.unwrap();
+    store.acquire(&k, &sl, 1).await.unwrap();
+    let mut conn = server.conn();
+    let mut usage = |p: &Policy| -> (u64, u64) {
+        let rk = store.redis_key(&k, p);
+        let bytes: u64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&rk)
+            .query(&mut conn)
+            .unwrap();
+        let len: u64 = redis::cmd("STRLEN").arg(&rk).query(&mut conn).unwrap();
+        (bytes, len)
+    };
+    let (tb_bytes, tb_len) = usage(&tb);
+    let (fw_bytes, fw_len) = usage(&fw);
+    let (sl1_bytes, sl1_len) = usage(&sl);
+    for _ in 0..99 {
+        // distinct microseconds: one entry each (the loopback round trip takes more than 1 µs)
+        store.acquire(&k, &sl, 1).await.unwrap();
+    }
+    let (sl100_bytes, sl100_len) = usage(&sl);
+    eprintln!(
+        "MEMORY USAGE for key {:?} (value bytes): token bucket {tb_bytes} ({tb_len}), fixed window {fw_bytes} ({fw_len}), \
+         sliding log 1 entry {sl1_bytes} ({sl1_len}), 100 entries {sl100_bytes} ({sl100_len})",
+        store.redis_key(&k, &tb)
+    );
+    assert_eq!((tb_len, fw_len, sl1_len), (16, 16, 16));
+    assert!(tb_bytes <= 112 && fw_bytes <= 112 && sl1_bytes <= 112);
+    assert!(sl100_len == 1600 && sl100_bytes <= 2 * 1600);
+}
