@@ -22,7 +22,10 @@ pub(crate) const fn expires_at_ms(now_us: u64, ttl_us: u64) -> u64 {
 impl Bucket {
     /// A new bucket holding `state`, written at `now_us` with a TTL of `ttl_us`.
     pub(crate) fn new(state: Option<State>, now_us: u64, ttl_us: u64) -> Self {
-        Self { state, expires_at_ms: expires_at_ms(now_us, ttl_us) }
+        Self {
+            state,
+            expires_at_ms: expires_at_ms(now_us, ttl_us),
+        }
     }
 
     /// Whether the bucket is alive at `now_ms`. Redis treats a key as expired once its
@@ -72,7 +75,10 @@ mod tests {
 
     #[test]
     fn alive_through_the_expiry_millisecond_then_missing() {
-        let state = State::TokenBucket(TokenBucketState { level: 0, updated: 0 });
+        let state = State::TokenBucket(TokenBucketState {
+            level: 0,
+            updated: 0,
+        });
         let b = Bucket::new(Some(state), 1_000_000, 1_500);
         assert_eq!(b.expires_at_ms, 1_002);
         assert!(b.is_alive(1_002));
@@ -82,7 +88,10 @@ mod tests {
     #[test]
     fn an_expired_bucket_counts_as_missing() {
         let policy = Policy::token_bucket(2, Rate::per_second(1)).unwrap();
-        let mut b = Bucket { state: None, expires_at_ms: 0 };
+        let mut b = Bucket {
+            state: None,
+            expires_at_ms: 0,
+        };
         assert!(b.apply(&policy, 0, 2).unwrap().allowed);
         assert_eq!(b.expires_at_ms, 2_000);
         assert!(!b.apply(&policy, 500_000, 2).unwrap().allowed);

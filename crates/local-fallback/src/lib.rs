@@ -47,4 +47,6 @@
 mod bucket;
 mod store;
 
-pub use store::{CAP_SWEEP_GAP_MS, DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, LocalStore, LocalStoreBuilder};
+pub use store::{
+    CAP_SWEEP_GAP_MS, DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, LocalStore, LocalStoreBuilder,
+};

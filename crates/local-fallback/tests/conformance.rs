@@ -10,9 +10,12 @@ struct LocalHarness {
 }
 
 impl LocalHarness {
-    async fn start() -> Self {
+    fn new() -> Self {
         let clock = ManualClock::new(conformance::T0);
-        Self { store: LocalStore::with_clock(clock.clone()), clock }
+        Self {
+            store: LocalStore::with_clock(clock.clone()),
+            clock,
+        }
     }
 }
 
@@ -29,12 +32,12 @@ impl Harness for LocalHarness {
     }
 }
 
-tollgate_testkit::conformance_tests!(LocalHarness::start());
+tollgate_testkit::conformance_tests!(async { LocalHarness::new() });
 
 /// Every case, in turn, on one shared store: the namespaces keep them apart.
 #[tokio::test]
 async fn all_cases_share_one_store() {
-    let h = LocalHarness::start().await;
+    let h = LocalHarness::new();
     conformance::run_all(&h).await;
     assert!(!h.store.is_empty());
 }

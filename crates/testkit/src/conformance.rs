@@ -157,7 +157,11 @@ fn sl(limit: u64, window_secs: u64) -> Policy {
 
 /// One policy of each algorithm with a limit of 5 (token bucket: 5 per 5 s; windows: 10 s).
 fn all_algorithms() -> [(&'static str, Policy); 3] {
-    [("tb", tb(5, Rate::new(5, Duration::from_secs(5)))), ("fw", fw(5, 10)), ("sl", sl(5, 10))]
+    [
+        ("tb", tb(5, Rate::new(5, Duration::from_secs(5)))),
+        ("fw", fw(5, 10)),
+        ("sl", sl(5, 10)),
+    ]
 }
 
 async fn acquire<H: Harness>(h: &H, key: &Key, policy: &Policy, cost: u64) -> Decision {
@@ -184,11 +188,21 @@ struct Want {
 }
 
 const fn allowed(remaining: u64, reset_after: u64) -> Want {
-    Want { allowed: true, remaining, retry_after: None, reset_after }
+    Want {
+        allowed: true,
+        remaining,
+        retry_after: None,
+        reset_after,
+    }
 }
 
 const fn denied(remaining: u64, retry_after: u64, reset_after: u64) -> Want {
-    Want { allowed: false, remaining, retry_after: Some(retry_after), reset_after }
+    Want {
+        allowed: false,
+        remaining,
+        retry_after: Some(retry_after),
+        reset_after,
+    }
 }
 
 #[track_caller]
@@ -238,10 +252,17 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
                 }
             }
         }
-        if pending { Poll::Pending } else { Poll::Ready(()) }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     })
     .await;
-    outputs.into_iter().map(|o| o.expect("every future completed")).collect()
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -254,10 +275,25 @@ pub async fn token_bucket_missing_bucket_is_full<H: Harness>(h: &H) {
     h.set_time(t).await;
     let k = key("tb-missing", "a");
     let p = tb(10, Rate::per_second(2));
-    check("peek on a missing bucket", &p, &peek(h, &k, &p, 10).await, allowed(0, 5 * SEC));
-    check("first request, cost 1", &p, &acquire(h, &k, &p, 1).await, allowed(9, 500 * MS));
+    check(
+        "peek on a missing bucket",
+        &p,
+        &peek(h, &k, &p, 10).await,
+        allowed(0, 5 * SEC),
+    );
+    check(
+        "first request, cost 1",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(9, 500 * MS),
+    );
     let k2 = key("tb-missing", "b");
-    check("first request, whole capacity", &p, &acquire(h, &k2, &p, 10).await, allowed(0, 5 * SEC));
+    check(
+        "first request, whole capacity",
+        &p,
+        &acquire(h, &k2, &p, 10).await,
+        allowed(0, 5 * SEC),
+    );
 }
 
 /// Weighted costs take exactly their cost, and the next unit is denied with the exact wait.
@@ -266,10 +302,30 @@ pub async fn token_bucket_weighted_costs_drain_exactly<H: Harness>(h: &H) {
     h.set_time(t).await;
     let k = key("tb-weighted", "a");
     let p = tb(10, Rate::per_second(2));
-    check("cost 3", &p, &acquire(h, &k, &p, 3).await, allowed(7, 1_500 * MS));
-    check("cost 4", &p, &acquire(h, &k, &p, 4).await, allowed(3, 3_500 * MS));
-    check("cost 3", &p, &acquire(h, &k, &p, 3).await, allowed(0, 5 * SEC));
-    check("cost 1 on an empty bucket", &p, &acquire(h, &k, &p, 1).await, denied(0, 500 * MS, 5 * SEC));
+    check(
+        "cost 3",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(7, 1_500 * MS),
+    );
+    check(
+        "cost 4",
+        &p,
+        &acquire(h, &k, &p, 4).await,
+        allowed(3, 3_500 * MS),
+    );
+    check(
+        "cost 3",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(0, 5 * SEC),
+    );
+    check(
+        "cost 1 on an empty bucket",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 500 * MS, 5 * SEC),
+    );
 }
 
 /// A request costing more than what is left is denied with the exact `retry_after`: admitted
@@ -279,14 +335,34 @@ pub async fn token_bucket_denies_when_cost_exceeds_remaining<H: Harness>(h: &H) 
     h.set_time(t).await;
     let k = key("tb-deny", "a");
     let p = tb(10, Rate::per_second(2));
-    check("drain", &p, &acquire(h, &k, &p, 10).await, allowed(0, 5 * SEC));
+    check(
+        "drain",
+        &p,
+        &acquire(h, &k, &p, 10).await,
+        allowed(0, 5 * SEC),
+    );
     h.set_time(t + 100 * MS).await;
     // 0.2 tokens refilled; 2.8 more take 1.4 s; the bucket is full 4.9 s from now
-    check("cost 3 after 100 ms", &p, &acquire(h, &k, &p, 3).await, denied(0, 1_400 * MS, 4_900 * MS));
+    check(
+        "cost 3 after 100 ms",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        denied(0, 1_400 * MS, 4_900 * MS),
+    );
     h.set_time(t + 1_500 * MS - 1).await;
-    check("1 µs before retry_after", &p, &acquire(h, &k, &p, 3).await, denied(2, 1, 3_500 * MS + 1));
+    check(
+        "1 µs before retry_after",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        denied(2, 1, 3_500 * MS + 1),
+    );
     h.set_time(t + 1_500 * MS).await;
-    check("at retry_after", &p, &acquire(h, &k, &p, 3).await, allowed(0, 5 * SEC));
+    check(
+        "at retry_after",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(0, 5 * SEC),
+    );
 }
 
 /// Tokens come back at exactly the refill rate, and `remaining` counts whole tokens.
@@ -298,11 +374,26 @@ pub async fn token_bucket_refills_at_the_exact_rate<H: Harness>(h: &H) {
     acquire(h, &k, &p, 10).await;
     h.set_time(t + 2_500 * MS).await;
     // 5 tokens back: take 1, 4 left, 3 s to full
-    check("after 2.5 s", &p, &acquire(h, &k, &p, 1).await, allowed(4, 3 * SEC));
+    check(
+        "after 2.5 s",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(4, 3 * SEC),
+    );
     h.set_time(t + 2_750 * MS).await;
     // 4.5 tokens: 4 whole ones; taking 4 leaves half a token
-    check("after 250 ms more", &p, &acquire(h, &k, &p, 4).await, allowed(0, 4_750 * MS));
-    check("half a token left", &p, &acquire(h, &k, &p, 1).await, denied(0, 250 * MS, 4_750 * MS));
+    check(
+        "after 250 ms more",
+        &p,
+        &acquire(h, &k, &p, 4).await,
+        allowed(0, 4_750 * MS),
+    );
+    check(
+        "half a token left",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 250 * MS, 4_750 * MS),
+    );
 }
 
 /// A wait that is not a whole number of microseconds is rounded up: 1 token at 3 per 7 s takes
@@ -313,13 +404,33 @@ pub async fn token_bucket_retry_after_rounds_up_to_the_microsecond<H: Harness>(h
     let k = key("tb-round", "a");
     let p = tb(5, Rate::new(3, Duration::from_secs(7)));
     // 5 tokens refill in 35/3 s = 11_666_666.7 µs, rounded up
-    check("drain", &p, &acquire(h, &k, &p, 5).await, allowed(0, 11_666_667));
-    check("cost 1", &p, &acquire(h, &k, &p, 1).await, denied(0, 2_333_334, 11_666_667));
+    check(
+        "drain",
+        &p,
+        &acquire(h, &k, &p, 5).await,
+        allowed(0, 11_666_667),
+    );
+    check(
+        "cost 1",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 2_333_334, 11_666_667),
+    );
     h.set_time(t + 2_333_333).await;
-    check("1 µs early", &p, &acquire(h, &k, &p, 1).await, denied(0, 1, 9_333_334));
+    check(
+        "1 µs early",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 1, 9_333_334),
+    );
     h.set_time(t + 2_333_334).await;
     // 2 units over: (35_000_000 - 2) / 3 µs to full, exactly
-    check("at retry_after", &p, &acquire(h, &k, &p, 1).await, allowed(0, 11_666_666));
+    check(
+        "at retry_after",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(0, 11_666_666),
+    );
 }
 
 /// An idle bucket expires once it would be full again, and then behaves as a fresh one.
@@ -328,13 +439,19 @@ pub async fn token_bucket_idle_bucket_is_fresh_after_expiry<H: Harness>(h: &H) {
     h.set_time(t).await;
     let k = key("tb-idle", "a");
     let p = tb(10, Rate::per_second(2));
-    let d = acquire(h, &k, &p, 10).await;
-    check("drain", &p, &d, allowed(0, 5 * SEC));
-    h.set_time(t + d.reset_after.as_micros() as u64).await;
+    let drained = acquire(h, &k, &p, 10).await;
+    check("drain", &p, &drained, allowed(0, 5 * SEC));
+    let reset_at = t + drained.reset_after.as_micros() as u64;
+    h.set_time(reset_at).await;
     assert_fresh("at reset_after", h, &k, &p).await;
-    h.set_time(t + d.reset_after.as_micros() as u64 + 5 * MS).await;
+    h.set_time(reset_at + 5 * MS).await;
     assert_fresh("past expiry", h, &k, &p).await;
-    check("past expiry", &p, &acquire(h, &k, &p, 10).await, allowed(0, 5 * SEC));
+    check(
+        "past expiry",
+        &p,
+        &acquire(h, &k, &p, 10).await,
+        allowed(0, 5 * SEC),
+    );
 }
 
 /// A clock stepping back credits nothing and never moves the bucket's time back; stepping
@@ -347,11 +464,26 @@ pub async fn token_bucket_clock_step_back_gives_no_credit<H: Harness>(h: &H) {
     acquire(h, &k, &p, 10).await;
     h.set_time(t + 5 * SEC).await;
     // the bucket's time stays at t+10 s: 1 token is 1 s after that, 6 s from now
-    check("5 s back", &p, &acquire(h, &k, &p, 1).await, denied(0, 6 * SEC, 15 * SEC));
+    check(
+        "5 s back",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 6 * SEC, 15 * SEC),
+    );
     h.set_time(t + 10_500 * MS).await;
-    check("forward to +0.5 s", &p, &acquire(h, &k, &p, 1).await, denied(0, 500 * MS, 9_500 * MS));
+    check(
+        "forward to +0.5 s",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 500 * MS, 9_500 * MS),
+    );
     h.set_time(t + 11 * SEC).await;
-    check("forward to +1 s", &p, &acquire(h, &k, &p, 1).await, allowed(0, 10 * SEC));
+    check(
+        "forward to +1 s",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(0, 10 * SEC),
+    );
 }
 
 /// A forward jump refills to capacity and no further, whether the bucket is still stored or
@@ -364,12 +496,37 @@ pub async fn token_bucket_forward_jump_refills_at_most_to_capacity<H: Harness>(h
     check("cost 1", &p, &acquire(h, &k, &p, 1).await, allowed(9, SEC));
     // still stored (its expiry is the millisecond t + 1 s), with 1.0005 s of refill due
     h.set_time(t + SEC + 500).await;
-    check("1.0005 s later", &p, &acquire(h, &k, &p, 10).await, allowed(0, 10 * SEC));
-    check("beyond capacity", &p, &acquire(h, &k, &p, 1).await, denied(0, SEC, 10 * SEC));
+    check(
+        "1.0005 s later",
+        &p,
+        &acquire(h, &k, &p, 10).await,
+        allowed(0, 10 * SEC),
+    );
+    check(
+        "beyond capacity",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, SEC, 10 * SEC),
+    );
     h.set_time(t + 5 * 3600 * SEC).await;
-    check("5 h later", &p, &acquire(h, &k, &p, 4).await, allowed(6, 4 * SEC));
-    check("rest of capacity", &p, &acquire(h, &k, &p, 6).await, allowed(0, 10 * SEC));
-    check("beyond capacity", &p, &acquire(h, &k, &p, 1).await, denied(0, SEC, 10 * SEC));
+    check(
+        "5 h later",
+        &p,
+        &acquire(h, &k, &p, 4).await,
+        allowed(6, 4 * SEC),
+    );
+    check(
+        "rest of capacity",
+        &p,
+        &acquire(h, &k, &p, 6).await,
+        allowed(0, 10 * SEC),
+    );
+    check(
+        "beyond capacity",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, SEC, 10 * SEC),
+    );
 }
 
 /// With a cap on credited elapsed time, one forward jump buys at most that much refill.
@@ -377,12 +534,24 @@ pub async fn token_bucket_max_elapsed_caps_what_a_jump_buys<H: Harness>(h: &H) {
     let t = T0 + 9_000 * SEC;
     h.set_time(t).await;
     let k = key("tb-maxelapsed", "a");
-    let p = tb(10, Rate::per_second(1)).with_max_elapsed(Duration::from_secs(2)).expect("valid cap");
+    let p = tb(10, Rate::per_second(1))
+        .with_max_elapsed(Duration::from_secs(2))
+        .expect("valid cap");
     acquire(h, &k, &p, 10).await;
     // within the bucket's 10 s lifetime: 5 s elapsed, 2 s credited
     h.set_time(t + 5 * SEC).await;
-    check("5 s later, 2 s credited", &p, &acquire(h, &k, &p, 1).await, allowed(1, 9 * SEC));
-    check("nothing more", &p, &acquire(h, &k, &p, 2).await, denied(1, SEC, 9 * SEC));
+    check(
+        "5 s later, 2 s credited",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(1, 9 * SEC),
+    );
+    check(
+        "nothing more",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        denied(1, SEC, 9 * SEC),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -395,7 +564,12 @@ pub async fn fixed_window_missing_window_is_empty<H: Harness>(h: &H) {
     let k = key("fw-missing", "a");
     let p = fw(3, 10);
     check("peek", &p, &peek(h, &k, &p, 3).await, allowed(0, 8 * SEC));
-    check("cost 1", &p, &acquire(h, &k, &p, 1).await, allowed(2, 8 * SEC));
+    check(
+        "cost 1",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(2, 8 * SEC),
+    );
 }
 
 /// Windows are aligned to the epoch (`floor(now / window)`): a window filled 2 s into it
@@ -405,13 +579,33 @@ pub async fn fixed_window_resets_at_the_epoch_aligned_boundary<H: Harness>(h: &H
     h.set_time(t + 2 * SEC).await;
     let k = key("fw-boundary", "a");
     let p = fw(3, 10);
-    check("fill", &p, &acquire(h, &k, &p, 3).await, allowed(0, 8 * SEC));
+    check(
+        "fill",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(0, 8 * SEC),
+    );
     h.set_time(t + 10 * SEC - 1).await;
-    check("last µs of the window", &p, &acquire(h, &k, &p, 1).await, denied(0, 1, 1));
+    check(
+        "last µs of the window",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 1, 1),
+    );
     h.set_time(t + 10 * SEC).await;
-    check("next window", &p, &acquire(h, &k, &p, 1).await, allowed(2, 10 * SEC));
+    check(
+        "next window",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(2, 10 * SEC),
+    );
     h.set_time(t + 12 * SEC).await;
-    check("later in it", &p, &acquire(h, &k, &p, 2).await, allowed(0, 8 * SEC));
+    check(
+        "later in it",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        allowed(0, 8 * SEC),
+    );
 }
 
 /// A cost above what the window has left is denied until the window's end; the denial
@@ -421,9 +615,24 @@ pub async fn fixed_window_denies_when_cost_exceeds_remaining<H: Harness>(h: &H) 
     h.set_time(t + 4 * SEC).await;
     let k = key("fw-deny", "a");
     let p = fw(3, 10);
-    check("cost 2", &p, &acquire(h, &k, &p, 2).await, allowed(1, 6 * SEC));
-    check("cost 2 more", &p, &acquire(h, &k, &p, 2).await, denied(1, 6 * SEC, 6 * SEC));
-    check("cost 1 fits", &p, &acquire(h, &k, &p, 1).await, allowed(0, 6 * SEC));
+    check(
+        "cost 2",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        allowed(1, 6 * SEC),
+    );
+    check(
+        "cost 2 more",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        denied(1, 6 * SEC, 6 * SEC),
+    );
+    check(
+        "cost 1 fits",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(0, 6 * SEC),
+    );
 }
 
 /// A clock stepping back does not reopen the window already used, nor a closed earlier one;
@@ -433,13 +642,33 @@ pub async fn fixed_window_clock_step_back_does_not_reopen_a_window<H: Harness>(h
     h.set_time(t + 25 * SEC).await;
     let k = key("fw-back", "a");
     let p = fw(2, 10);
-    check("fill window [20, 30)", &p, &acquire(h, &k, &p, 2).await, allowed(0, 5 * SEC));
+    check(
+        "fill window [20, 30)",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        allowed(0, 5 * SEC),
+    );
     h.set_time(t + 15 * SEC).await;
-    check("back in window [10, 20)", &p, &acquire(h, &k, &p, 1).await, denied(0, 15 * SEC, 15 * SEC));
+    check(
+        "back in window [10, 20)",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 15 * SEC, 15 * SEC),
+    );
     h.set_time(t + 25_500 * MS).await;
-    check("forward again", &p, &acquire(h, &k, &p, 1).await, denied(0, 4_500 * MS, 4_500 * MS));
+    check(
+        "forward again",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 4_500 * MS, 4_500 * MS),
+    );
     h.set_time(t + 30 * SEC).await;
-    check("next window", &p, &acquire(h, &k, &p, 1).await, allowed(1, 10 * SEC));
+    check(
+        "next window",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        allowed(1, 10 * SEC),
+    );
 }
 
 /// A window's state expires at the window's end and a later request sees an empty window.
@@ -451,7 +680,12 @@ pub async fn fixed_window_idle_window_is_fresh_after_expiry<H: Harness>(h: &H) {
     acquire(h, &k, &p, 3).await;
     h.set_time(t + 35 * SEC).await;
     assert_fresh("three windows later", h, &k, &p).await;
-    check("three windows later", &p, &acquire(h, &k, &p, 3).await, allowed(0, 5 * SEC));
+    check(
+        "three windows later",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(0, 5 * SEC),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -464,7 +698,12 @@ pub async fn sliding_log_missing_log_is_empty<H: Harness>(h: &H) {
     let k = key("sl-missing", "a");
     let p = sl(5, 10);
     check("peek", &p, &peek(h, &k, &p, 5).await, allowed(0, 10 * SEC));
-    check("cost 2", &p, &acquire(h, &k, &p, 2).await, allowed(3, 10 * SEC));
+    check(
+        "cost 2",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        allowed(3, 10 * SEC),
+    );
 }
 
 /// The log counts exactly the costs recorded in the last window: a request waits until enough
@@ -474,19 +713,54 @@ pub async fn sliding_log_counts_exactly_the_last_window<H: Harness>(h: &H) {
     h.set_time(t).await;
     let k = key("sl-exact", "a");
     let p = sl(5, 10);
-    check("cost 2 at 0 s", &p, &acquire(h, &k, &p, 2).await, allowed(3, 10 * SEC));
+    check(
+        "cost 2 at 0 s",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        allowed(3, 10 * SEC),
+    );
     h.set_time(t + 4 * SEC).await;
-    check("cost 3 at 4 s", &p, &acquire(h, &k, &p, 3).await, allowed(0, 10 * SEC));
+    check(
+        "cost 3 at 4 s",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(0, 10 * SEC),
+    );
     h.set_time(t + 6 * SEC).await;
     // the cost-2 entry at 0 s leaves the window at 10 s; the log empties at 14 s
-    check("cost 2 at 6 s", &p, &acquire(h, &k, &p, 2).await, denied(0, 4 * SEC, 8 * SEC));
-    check("cost 1 at 6 s", &p, &acquire(h, &k, &p, 1).await, denied(0, 4 * SEC, 8 * SEC));
+    check(
+        "cost 2 at 6 s",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        denied(0, 4 * SEC, 8 * SEC),
+    );
+    check(
+        "cost 1 at 6 s",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 4 * SEC, 8 * SEC),
+    );
     h.set_time(t + 10 * SEC - 1).await;
-    check("1 µs early", &p, &acquire(h, &k, &p, 2).await, denied(0, 1, 4 * SEC + 1));
+    check(
+        "1 µs early",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        denied(0, 1, 4 * SEC + 1),
+    );
     h.set_time(t + 10 * SEC).await;
-    check("at 10 s", &p, &acquire(h, &k, &p, 2).await, allowed(0, 10 * SEC));
+    check(
+        "at 10 s",
+        &p,
+        &acquire(h, &k, &p, 2).await,
+        allowed(0, 10 * SEC),
+    );
     h.set_time(t + 14 * SEC).await;
-    check("at 14 s", &p, &acquire(h, &k, &p, 3).await, allowed(0, 10 * SEC));
+    check(
+        "at 14 s",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(0, 10 * SEC),
+    );
 }
 
 /// A clock stepping back forgets no entry and lets nothing in early.
@@ -497,11 +771,26 @@ pub async fn sliding_log_clock_step_back_forgets_nothing<H: Harness>(h: &H) {
     let p = sl(5, 10);
     acquire(h, &k, &p, 5).await;
     h.set_time(t + 5 * SEC).await;
-    check("5 s back", &p, &acquire(h, &k, &p, 1).await, denied(0, 15 * SEC, 15 * SEC));
+    check(
+        "5 s back",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 15 * SEC, 15 * SEC),
+    );
     h.set_time(t + 20 * SEC - 1).await;
-    check("1 µs before the entry leaves", &p, &acquire(h, &k, &p, 1).await, denied(0, 1, 1));
+    check(
+        "1 µs before the entry leaves",
+        &p,
+        &acquire(h, &k, &p, 1).await,
+        denied(0, 1, 1),
+    );
     h.set_time(t + 20 * SEC).await;
-    check("when it leaves", &p, &acquire(h, &k, &p, 5).await, allowed(0, 10 * SEC));
+    check(
+        "when it leaves",
+        &p,
+        &acquire(h, &k, &p, 5).await,
+        allowed(0, 10 * SEC),
+    );
 }
 
 /// A log expires one window after its newest entry and then behaves as an empty one.
@@ -512,13 +801,22 @@ pub async fn sliding_log_idle_log_is_fresh_after_expiry<H: Harness>(h: &H) {
     let p = sl(5, 10);
     acquire(h, &k, &p, 2).await;
     h.set_time(t + 3 * SEC).await;
-    let d = acquire(h, &k, &p, 3).await;
-    check("fill", &p, &d, allowed(0, 10 * SEC));
+    check(
+        "fill",
+        &p,
+        &acquire(h, &k, &p, 3).await,
+        allowed(0, 10 * SEC),
+    );
     h.set_time(t + 13 * SEC).await;
     assert_fresh("one window after the newest entry", h, &k, &p).await;
     h.set_time(t + 13 * SEC + 5 * MS).await;
     assert_fresh("past expiry", h, &k, &p).await;
-    check("past expiry", &p, &acquire(h, &k, &p, 5).await, allowed(0, 10 * SEC));
+    check(
+        "past expiry",
+        &p,
+        &acquire(h, &k, &p, 5).await,
+        allowed(0, 10 * SEC),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -529,8 +827,16 @@ pub async fn zero_cost_is_invalid_and_writes_nothing<H: Harness>(h: &H) {
     h.set_time(T0 + 30_000 * SEC).await;
     for (name, p) in all_algorithms() {
         let k = key("zero-cost", name);
-        assert_invalid(name, h.store().acquire(&k, &p, 0).await, &PolicyError::ZeroCost);
-        assert_invalid(name, h.store().peek(&k, &p, 0).await, &PolicyError::ZeroCost);
+        assert_invalid(
+            name,
+            h.store().acquire(&k, &p, 0).await,
+            &PolicyError::ZeroCost,
+        );
+        assert_invalid(
+            name,
+            h.store().peek(&k, &p, 0).await,
+            &PolicyError::ZeroCost,
+        );
         assert_fresh(&format!("{name} after cost 0"), h, &k, &p).await;
     }
 }
@@ -548,7 +854,10 @@ pub async fn cost_above_capacity_is_invalid_and_writes_nothing<H: Harness>(h: &H
         acquire(h, &k, &p, 2).await;
         assert_invalid(name, h.store().acquire(&k, &p, 6).await, &want);
         let d = peek(h, &k, &p, 3).await;
-        assert!(d.allowed && d.remaining == 0, "{name}: the invalid request consumed something: {d:?}");
+        assert!(
+            d.allowed && d.remaining == 0,
+            "{name}: the invalid request consumed something: {d:?}"
+        );
     }
 }
 
@@ -568,10 +877,16 @@ pub async fn peek_does_not_consume<H: Harness>(h: &H) {
             let again = peek(h, &k, &p, cost).await;
             assert_eq!(peeked, again, "{name}: two peeks at cost {cost} disagree");
             if cost == 3 {
-                assert!(!peeked.allowed, "{name}: peek at cost 3 on an empty bucket was allowed: {peeked:?}");
+                assert!(
+                    !peeked.allowed,
+                    "{name}: peek at cost 3 on an empty bucket was allowed: {peeked:?}"
+                );
             }
             let acquired = acquire(h, &k, &p, cost).await;
-            assert_eq!(peeked, acquired, "{name}: peek at cost {cost} differs from the acquire after it");
+            assert_eq!(
+                peeked, acquired,
+                "{name}: peek at cost {cost} differs from the acquire after it"
+            );
         }
     }
 }
@@ -582,7 +897,10 @@ pub async fn reset_forgets_the_bucket<H: Harness>(h: &H) {
     for (name, p) in all_algorithms() {
         let k = key("reset", name);
         acquire(h, &k, &p, 5).await;
-        assert!(!peek(h, &k, &p, 1).await.allowed, "{name}: bucket should be exhausted");
+        assert!(
+            !peek(h, &k, &p, 1).await.allowed,
+            "{name}: bucket should be exhausted"
+        );
         h.store()
             .reset(&k, &p)
             .await
@@ -602,7 +920,10 @@ pub async fn keys_are_independent<H: Harness>(h: &H) {
         let a = key("independent", &format!("{name}-a"));
         let b = key("independent", &format!("{name}-b"));
         acquire(h, &a, &p, 5).await;
-        assert!(!peek(h, &a, &p, 1).await.allowed, "{name}: a should be exhausted");
+        assert!(
+            !peek(h, &a, &p, 1).await.allowed,
+            "{name}: a should be exhausted"
+        );
         assert_fresh(&format!("{name}: b while a is exhausted"), h, &b, &p).await;
     }
 }
@@ -613,12 +934,36 @@ pub async fn acquire_many_returns_one_decision_per_request_in_order<H: Harness>(
     let [(_, tbp), (_, fwp), (_, slp)] = all_algorithms();
     let (a, b, c) = (key("batch", "a"), key("batch", "b"), key("batch", "c"));
     let requests = [
-        Acquire { key: &a, policy: &tbp, cost: 3 },
-        Acquire { key: &a, policy: &tbp, cost: 3 },
-        Acquire { key: &b, policy: &fwp, cost: 5 },
-        Acquire { key: &a, policy: &tbp, cost: 2 },
-        Acquire { key: &c, policy: &slp, cost: 1 },
-        Acquire { key: &b, policy: &fwp, cost: 1 },
+        Acquire {
+            key: &a,
+            policy: &tbp,
+            cost: 3,
+        },
+        Acquire {
+            key: &a,
+            policy: &tbp,
+            cost: 3,
+        },
+        Acquire {
+            key: &b,
+            policy: &fwp,
+            cost: 5,
+        },
+        Acquire {
+            key: &a,
+            policy: &tbp,
+            cost: 2,
+        },
+        Acquire {
+            key: &c,
+            policy: &slp,
+            cost: 1,
+        },
+        Acquire {
+            key: &b,
+            policy: &fwp,
+            cost: 1,
+        },
     ];
     let got = h
         .store()
@@ -631,7 +976,12 @@ pub async fn acquire_many_returns_one_decision_per_request_in_order<H: Harness>(
     check("batch[2] fw cost 5", &fwp, &got[2], allowed(0, 10 * SEC));
     check("batch[3] tb cost 2", &tbp, &got[3], allowed(0, 5 * SEC));
     check("batch[4] sl cost 1", &slp, &got[4], allowed(4, 10 * SEC));
-    check("batch[5] fw cost 1", &fwp, &got[5], denied(0, 10 * SEC, 10 * SEC));
+    check(
+        "batch[5] fw cost 1",
+        &fwp,
+        &got[5],
+        denied(0, 10 * SEC, 10 * SEC),
+    );
     let empty = h.store().acquire_many(&[]).await.expect("empty batch");
     assert!(empty.is_empty(), "an empty batch gives no decisions");
 }
@@ -640,18 +990,51 @@ pub async fn acquire_many_returns_one_decision_per_request_in_order<H: Harness>(
 pub async fn acquire_many_with_an_invalid_request_writes_nothing<H: Harness>(h: &H) {
     h.set_time(T0 + 36_000 * SEC).await;
     let [(_, tbp), (_, fwp), (_, slp)] = all_algorithms();
-    let (a, b, c) = (key("batch-invalid", "a"), key("batch-invalid", "b"), key("batch-invalid", "c"));
+    let (a, b, c) = (
+        key("batch-invalid", "a"),
+        key("batch-invalid", "b"),
+        key("batch-invalid", "c"),
+    );
     let requests = [
-        Acquire { key: &a, policy: &tbp, cost: 3 },
-        Acquire { key: &b, policy: &fwp, cost: 5 },
-        Acquire { key: &c, policy: &slp, cost: 6 },
+        Acquire {
+            key: &a,
+            policy: &tbp,
+            cost: 3,
+        },
+        Acquire {
+            key: &b,
+            policy: &fwp,
+            cost: 5,
+        },
+        Acquire {
+            key: &c,
+            policy: &slp,
+            cost: 6,
+        },
     ];
     let got = h.store().acquire_many(&requests).await;
     assert!(
-        matches!(got, Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity { cost: 6, max: 5 }))),
+        matches!(
+            got,
+            Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity {
+                cost: 6,
+                max: 5
+            }))
+        ),
         "a batch with cost 6 on a limit of 5 should be InvalidPolicy, got {got:?}"
     );
-    let zero = [Acquire { key: &a, policy: &tbp, cost: 1 }, Acquire { key: &b, policy: &fwp, cost: 0 }];
+    let zero = [
+        Acquire {
+            key: &a,
+            policy: &tbp,
+            cost: 1,
+        },
+        Acquire {
+            key: &b,
+            policy: &fwp,
+            cost: 0,
+        },
+    ];
     let got = h.store().acquire_many(&zero).await;
     assert!(
         matches!(got, Err(StoreError::InvalidPolicy(PolicyError::ZeroCost))),

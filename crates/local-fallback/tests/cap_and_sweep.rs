@@ -1,0 +1,229 @@
+//! The key cap, the sweep of expired buckets and Redis's millisecond expiry, seen through
+//! `LocalStore`'s public API.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tollgate_core::{ErrorClass, Key, ManualClock, Policy, Rate, StoreError};
+use tollgate_local::{CAP_SWEEP_GAP_MS, LocalStore};
+
+/// A whole second, so fixed windows of 1 s start here.
+const T: u64 = 1_700_000_000_000_000;
+const MS: u64 = 1_000;
+
+fn key(i: usize) -> Key {
+    Key::new("cap", [i.to_string()]).unwrap()
+}
+
+fn second_window() -> Policy {
+    Policy::fixed_window(5, Duration::from_secs(1)).unwrap()
+}
+
+fn hour_window() -> Policy {
+    Policy::fixed_window(5, Duration::from_secs(3600)).unwrap()
+}
+
+fn store(max_keys: usize, clock: &ManualClock) -> LocalStore<ManualClock> {
+    LocalStore::builder()
+        .max_keys(max_keys)
+        .clock(clock.clone())
+        .build()
+}
+
+#[track_caller]
+fn assert_cap_reached(got: Result<tollgate_core::Decision, StoreError>, cap: usize) {
+    match got {
+        Err(e @ StoreError::KeyCapReached { cap: c }) if c == cap => {
+            assert_eq!(e.class(), ErrorClass::Unavailable);
+        }
+        other => panic!("expected KeyCapReached {{ cap: {cap} }}, got {other:?}"),
+    }
+}
+
+#[test]
+fn new_key_is_refused_at_the_cap_while_held_keys_keep_working() {
+    let clock = ManualClock::new(T);
+    let s = store(3, &clock);
+    let p = hour_window();
+    for i in 0..3 {
+        assert!(s.acquire_now(&key(i), &p, 1).unwrap().allowed);
+    }
+    assert_cap_reached(s.acquire_now(&key(3), &p, 1), 3);
+    assert_eq!(s.len(), 3);
+    for i in 0..3 {
+        assert_eq!(s.acquire_now(&key(i), &p, 1).unwrap().remaining, 3);
+    }
+    // peek needs no slot
+    assert!(s.peek_now(&key(3), &p, 5).unwrap().allowed);
+}
+
+#[test]
+fn expired_buckets_are_swept_to_make_room_at_the_cap() {
+    let clock = ManualClock::new(T);
+    let s = store(2, &clock);
+    s.acquire_now(&key(0), &second_window(), 1).unwrap();
+    s.acquire_now(&key(1), &hour_window(), 1).unwrap();
+    assert_cap_reached(s.acquire_now(&key(2), &second_window(), 1), 2);
+    clock.advance(Duration::from_secs(2));
+    assert!(s.acquire_now(&key(2), &second_window(), 1).unwrap().allowed);
+    assert_eq!(s.len(), 2, "key 0 swept, keys 1 and 2 held");
+    assert_cap_reached(s.acquire_now(&key(3), &second_window(), 1), 2);
+}
+
+#[test]
+fn at_the_cap_a_sweep_runs_at_most_once_per_gap() {
+    let clock = ManualClock::new(T + 950 * MS);
+    let s = store(1, &clock);
+    // the window ends, and the bucket expires, at T + 1 s
+    s.acquire_now(&key(0), &second_window(), 1).unwrap();
+    clock.set(T + 960 * MS);
+    assert_cap_reached(s.acquire_now(&key(1), &second_window(), 1), 1);
+    // key 0 has expired, but the last cap sweep was only 41 ms ago
+    clock.set(T + 1_001 * MS);
+    assert_cap_reached(s.acquire_now(&key(1), &second_window(), 1), 1);
+    clock.set(T + 960 * MS + CAP_SWEEP_GAP_MS * MS);
+    assert!(s.acquire_now(&key(1), &second_window(), 1).unwrap().allowed);
+    assert_eq!(s.len(), 1);
+}
+
+#[test]
+fn reset_frees_a_slot() {
+    let clock = ManualClock::new(T);
+    let s = store(1, &clock);
+    s.acquire_now(&key(0), &hour_window(), 1).unwrap();
+    assert!(s.reset_now(&key(0)));
+    assert!(!s.reset_now(&key(0)));
+    assert!(s.is_empty());
+    assert!(s.acquire_now(&key(1), &hour_window(), 1).unwrap().allowed);
+}
+
+#[test]
+fn a_cap_of_zero_refuses_every_key() {
+    let clock = ManualClock::new(T);
+    let s = store(0, &clock);
+    assert_cap_reached(s.acquire_now(&key(0), &hour_window(), 1), 0);
+    assert!(s.is_empty());
+}
+
+#[test]
+fn expired_buckets_are_swept_every_so_many_new_keys() {
+    let clock = ManualClock::new(T);
+    let s = LocalStore::builder()
+        .sweep_every(10)
+        .clock(clock.clone())
+        .build();
+    for i in 0..5 {
+        s.acquire_now(&key(i), &second_window(), 1).unwrap();
+    }
+    clock.advance(Duration::from_secs(2));
+    for i in 5..9 {
+        s.acquire_now(&key(i), &second_window(), 1).unwrap();
+    }
+    assert_eq!(s.len(), 9, "no sweep before the 10th new key");
+    s.acquire_now(&key(9), &second_window(), 1).unwrap();
+    assert_eq!(s.len(), 5, "the 10th new key sweeps the 5 expired ones");
+}
+
+#[test]
+fn sweep_expired_removes_only_expired_buckets() {
+    let clock = ManualClock::new(T);
+    let s = store(100, &clock);
+    for i in 0..6 {
+        let p = if i % 2 == 0 {
+            second_window()
+        } else {
+            hour_window()
+        };
+        s.acquire_now(&key(i), &p, 1).unwrap();
+    }
+    // alive through the millisecond of the window's end, gone after it
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(s.sweep_expired(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(s.sweep_expired(), 3);
+    assert_eq!(s.len(), 3);
+    for i in [1, 3, 5] {
+        assert_eq!(
+            s.peek_now(&key(i), &hour_window(), 1).unwrap().remaining,
+            3,
+            "key {i} kept"
+        );
+    }
+}
+
+#[test]
+fn expiry_is_redis_milliseconds_with_the_ttl_rounded_up() {
+    let clock = ManualClock::new(T + 999);
+    let s = store(100, &clock);
+    // a TTL of 500 ms written 999 µs into millisecond T: alive through millisecond T + 500
+    let half_second = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
+    s.acquire_now(&key(0), &half_second, 1).unwrap();
+    // a TTL of 2_333_334 µs rounds up to 2_334 ms
+    let odd = Policy::token_bucket(1, Rate::new(3, Duration::from_secs(7))).unwrap();
+    s.acquire_now(&key(1), &odd, 1).unwrap();
+
+    clock.set(T + 500 * MS + 999);
+    assert_eq!(s.sweep_expired(), 0);
+    clock.set(T + 501 * MS);
+    assert_eq!(s.sweep_expired(), 1);
+    clock.set(T + 2_334 * MS + 999);
+    assert_eq!(s.sweep_expired(), 0);
+    clock.set(T + 2_335 * MS);
+    assert_eq!(s.sweep_expired(), 1);
+    assert!(s.is_empty());
+}
+
+#[test]
+fn peek_stores_nothing_and_drops_an_expired_bucket() {
+    let clock = ManualClock::new(T);
+    let s = store(100, &clock);
+    let p = second_window();
+    assert!(s.peek_now(&key(0), &p, 5).unwrap().allowed);
+    assert!(matches!(
+        s.acquire_now(&key(0), &p, 0),
+        Err(StoreError::InvalidPolicy(_))
+    ));
+    assert!(
+        s.is_empty(),
+        "neither a peek nor an invalid request stores a bucket"
+    );
+
+    s.acquire_now(&key(0), &p, 5).unwrap();
+    assert!(!s.peek_now(&key(0), &p, 1).unwrap().allowed);
+    assert_eq!(s.len(), 1);
+    clock.advance(Duration::from_millis(1_001));
+    assert!(s.peek_now(&key(0), &p, 5).unwrap().allowed);
+    assert!(
+        s.is_empty(),
+        "an expired bucket seen by a peek is dropped, as Redis does"
+    );
+    // and a clock stepping back does not bring it back
+    clock.set(T);
+    assert!(s.peek_now(&key(0), &p, 5).unwrap().allowed);
+}
+
+#[test]
+fn many_threads_on_one_key_never_admit_more_than_the_limit() {
+    let clock = ManualClock::new(T);
+    let s = store(100, &clock);
+    let policies = [
+        Policy::token_bucket(100, Rate::per_second(1)).unwrap(),
+        Policy::fixed_window(100, Duration::from_secs(10)).unwrap(),
+        Policy::sliding_log(100, Duration::from_secs(10)).unwrap(),
+    ];
+    for (i, p) in policies.iter().enumerate() {
+        let admitted = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..200 {
+                        if s.acquire_now(&key(i), p, 1).unwrap().allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), 100, "{p}");
+    }
+}
