@@ -11,7 +11,7 @@
 //! From any crate's `tests/` directory (with `tokio` as a dev-dependency):
 //!
 //! ```ignore
-//! tollgate_testkit::conformance_tests!(MyHarness::start());
+//! tollgate_testkit::conformance_tests!(MyHarness::start()); // an `async fn start() -> MyHarness`
 //! ```
 //!
 //! expands to one `#[tokio::test]` per case, each building its own harness from the
@@ -46,38 +46,9 @@ pub const T0: u64 = 1_700_000_000_000_000;
 const SEC: u64 = 1_000_000;
 const MS: u64 = 1_000;
 
-/// Every case's name, in the order [`run_all`] runs them.
-pub const CASES: &[&str] = &[
-    "token_bucket_missing_bucket_is_full",
-    "token_bucket_weighted_costs_drain_exactly",
-    "token_bucket_denies_when_cost_exceeds_remaining",
-    "token_bucket_refills_at_the_exact_rate",
-    "token_bucket_retry_after_rounds_up_to_the_microsecond",
-    "token_bucket_idle_bucket_is_fresh_after_expiry",
-    "token_bucket_clock_step_back_gives_no_credit",
-    "token_bucket_forward_jump_refills_at_most_to_capacity",
-    "token_bucket_max_elapsed_caps_what_a_jump_buys",
-    "fixed_window_missing_window_is_empty",
-    "fixed_window_resets_at_the_epoch_aligned_boundary",
-    "fixed_window_denies_when_cost_exceeds_remaining",
-    "fixed_window_clock_step_back_does_not_reopen_a_window",
-    "fixed_window_idle_window_is_fresh_after_expiry",
-    "sliding_log_missing_log_is_empty",
-    "sliding_log_counts_exactly_the_last_window",
-    "sliding_log_clock_step_back_forgets_nothing",
-    "sliding_log_idle_log_is_fresh_after_expiry",
-    "zero_cost_is_invalid_and_writes_nothing",
-    "cost_above_capacity_is_invalid_and_writes_nothing",
-    "peek_does_not_consume",
-    "reset_forgets_the_bucket",
-    "keys_are_independent",
-    "acquire_many_returns_one_decision_per_request_in_order",
-    "acquire_many_with_an_invalid_request_writes_nothing",
-    "concurrent_acquires_never_admit_more_than_capacity",
-];
-
 /// Expands to one `#[tokio::test]` per conformance case, each running the case on the harness
-/// that `$harness` (an expression of a future) resolves to.
+/// that `$harness` (an expression of a future) resolves to. The list of cases lives here
+/// only; [`CASES`] and [`run_all`] are built from it.
 ///
 /// ```ignore
 /// tollgate_testkit::conformance_tests!(async { LocalHarness::new() });
@@ -85,7 +56,7 @@ pub const CASES: &[&str] = &[
 #[macro_export]
 macro_rules! conformance_tests {
     (@cases $callback:ident $args:tt) => {
-        $crate::conformance_tests!(@$callback $args
+        $crate::conformance_tests! {@$callback $args
             token_bucket_missing_bucket_is_full,
             token_bucket_weighted_costs_drain_exactly,
             token_bucket_denies_when_cost_exceeds_remaining,
@@ -112,7 +83,10 @@ macro_rules! conformance_tests {
             acquire_many_returns_one_decision_per_request_in_order,
             acquire_many_with_an_invalid_request_writes_nothing,
             concurrent_acquires_never_admit_more_than_capacity,
-        );
+        }
+    };
+    (@names () $($case:ident,)*) => {
+        &[$(stringify!($case)),*]
     };
     (@tests ($harness:expr) $($case:ident,)*) => {
         $(
@@ -130,6 +104,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases tests ($harness));
     };
 }
+
+/// Every case's name, in the order [`run_all`] runs them.
+pub const CASES: &[&str] = conformance_tests!(@cases names ());
 
 /// Runs every case in turn on one harness (see [`CASES`]).
 pub async fn run_all<H: Harness>(h: &H) {
@@ -1071,5 +1048,17 @@ pub async fn concurrent_acquires_never_admit_more_than_capacity<H: Harness>(h: &
             (0..10).collect::<Vec<_>>(),
             "{name}: 64 concurrent requests on a limit of 10 should admit exactly 10, each seeing a distinct remaining"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_case_is_listed_once() {
+        let mut names = super::CASES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), super::CASES.len());
+        assert_eq!(names.len(), 26);
     }
 }
