@@ -1,7 +1,9 @@
-//! Shared test support: a real redis-server on a free loopback port, and helpers.
+//! Shared test support: a real redis-server on a free loopback port (optionally under a clock
+//! the test sets), and helpers.
 #![allow(dead_code, clippy::missing_panics_doc)]
 
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,11 +13,22 @@ use tollgate_redis::RedisStore;
 pub struct Server {
     child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    clock_file: Option<PathBuf>,
+    dir: tempfile::TempDir,
 }
 
 impl Server {
     pub fn start() -> Self {
+        Self::start_inner(false)
+    }
+
+    /// A server whose wall clock (TIME, TIME in scripts, key expiry) the test sets with
+    /// [`Server::set_time`], through an LD_PRELOAD clock shim.
+    pub fn start_with_clock() -> Self {
+        Self::start_inner(true)
+    }
+
+    fn start_inner(clock: bool) -> Self {
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = TcpListener::bind("127.0.0.1:0")
@@ -23,27 +36,27 @@ impl Server {
                 .local_addr()
                 .unwrap()
                 .port();
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
                 .arg("--dir")
                 .arg(dir.path())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server on PATH");
+                .stderr(Stdio::null());
+            let clock_file = clock.then(|| {
+                let shim = build_shim(dir.path());
+                let file = dir.path().join("clock");
+                std::fs::write(&file, "").unwrap();
+                cmd.env("LD_PRELOAD", shim)
+                    .env("TOLLGATE_CLOCK_FILE", &file);
+                file
+            });
+            let child = cmd.spawn().expect("redis-server on PATH");
             let mut server = Self {
                 child,
                 port,
-                _dir: dir,
+                clock_file,
+                dir,
             };
             if server.wait_ready() {
                 return server;
@@ -67,6 +80,17 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// Freezes the server's wall clock at `micros` since the epoch.
+    pub fn set_time(&self, micros: u64) {
+        let file = self
+            .clock_file
+            .as_ref()
+            .expect("server started with a clock");
+        let tmp = self.dir.path().join("clock.tmp");
+        std::fs::write(&tmp, format!("={}\n", u128::from(micros) * 1000)).unwrap();
+        std::fs::rename(&tmp, file).unwrap();
     }
 
     pub fn url(&self) -> String {
@@ -114,4 +138,18 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Compiles testkit's clock shim into `dir` (a stand-in until testkit's server lands).
+fn build_shim(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/shim/clockshim.c");
+    let out = dir.join("libclockshim.so");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(status.success(), "building the clock shim failed");
+    out
 }

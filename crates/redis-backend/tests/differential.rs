@@ -1,0 +1,364 @@
+//! Differential test: the Lua scripts against `tollgate_core::algorithm::apply`, on the same
+//! clock. Thousands of random operations (random keys from a small set, random costs, clock
+//! steps of every size including idle gaps past expiry and steps backwards) go to a RedisStore
+//! on a redis-server whose clock the test freezes and moves, and to a model that applies the
+//! core maths to a map with Redis's millisecond expiry. Every decision, every stored state
+//! (decoded from Redis) and every key's remaining TTL must be identical.
+
+mod common;
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use common::Server;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tollgate_core::algorithm::{self, FixedWindowState, SlidingLogState, State, TokenBucketState};
+use tollgate_core::{
+    Acquire, Algorithm, Decision, Key, MAX_DURATION, MAX_EXACT, Policy, Rate, Store,
+};
+use tollgate_redis::RedisStore;
+
+const T0: u64 = 1_700_000_000_123_457;
+const KEYS_PER_POLICY: usize = 3;
+
+/// The core maths on a map with Redis's expiry: a state written at `now` with a TTL of `ttl`
+/// µs lives while `now_ms <= now / 1000 + ceil(ttl / 1000)`.
+#[derive(Default)]
+struct Model {
+    map: HashMap<String, (State, u64)>,
+}
+
+impl Model {
+    fn apply(
+        &mut self,
+        rkey: &str,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        commit: bool,
+    ) -> Decision {
+        let mut state = self.map.get(rkey).map(|(s, _)| s.clone());
+        let out = algorithm::apply(&mut state, policy, now, cost, commit).expect("valid request");
+        if let Some(ttl) = out.ttl_micros {
+            let expires_at_ms = now / 1000 + ttl.div_ceil(1000).max(1);
+            self.map.insert(
+                rkey.to_owned(),
+                (state.expect("a written state"), expires_at_ms),
+            );
+        }
+        out.decision
+    }
+
+    /// Drops every state expired at `now`, returning their keys (so the test can make Redis
+    /// drop them too, deterministically, before the clock may step back).
+    fn expire(&mut self, now: u64) -> Vec<String> {
+        let now_ms = now / 1000;
+        let gone: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(_, (_, exp))| now_ms > *exp)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &gone {
+            self.map.remove(k);
+        }
+        gone
+    }
+}
+
+fn f64s(raw: &[u8]) -> Vec<u64> {
+    raw.chunks_exact(8)
+        .map(|c| {
+            let v = f64::from_le_bytes(c.try_into().unwrap());
+            assert!(
+                v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53),
+                "stored number {v}"
+            );
+            v as u64
+        })
+        .collect()
+}
+
+/// Decodes the state a script stored.
+fn decode(policy: &Policy, raw: &[u8]) -> State {
+    let n = f64s(raw);
+    match policy.algorithm() {
+        Algorithm::TokenBucket(_) => {
+            assert_eq!(n.len(), 2);
+            State::TokenBucket(TokenBucketState {
+                level: n[0],
+                updated: n[1],
+            })
+        }
+        Algorithm::FixedWindow(_) => {
+            assert_eq!(n.len(), 2);
+            State::FixedWindow(FixedWindowState {
+                window_start: n[0],
+                count: n[1],
+            })
+        }
+        Algorithm::SlidingLog(_) => {
+            assert_eq!(n.len() % 2, 0);
+            let entries: VecDeque<(u64, u64)> = n.chunks(2).map(|p| (p[0], p[1])).collect();
+            State::SlidingLog(SlidingLogState { entries })
+        }
+        _ => unreachable!(),
+    }
+}
+
+struct Bucket {
+    key: Key,
+    policy: Policy,
+    rkey: String,
+}
+
+struct Differential {
+    server: Server,
+    store: RedisStore,
+    model: Model,
+    rng: StdRng,
+    now: u64,
+    buckets: Vec<Bucket>,
+    conn: redis::Connection,
+    ops: u64,
+}
+
+impl Differential {
+    async fn start(policies: &[Policy], seed: u64) -> Self {
+        let server = Server::start_with_clock();
+        server.set_time(T0);
+        let store = RedisStore::builder(server.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        let mut buckets = Vec::new();
+        for (i, policy) in policies.iter().enumerate() {
+            for j in 0..KEYS_PER_POLICY {
+                let key = Key::new(&format!("diff{i}"), [format!("k{j}")]).unwrap();
+                let rkey = store.redis_key(&key, policy);
+                buckets.push(Bucket {
+                    key,
+                    policy: *policy,
+                    rkey,
+                });
+            }
+        }
+        let conn = server.conn();
+        Self {
+            server,
+            store,
+            model: Model::default(),
+            rng: StdRng::seed_from_u64(seed),
+            now: T0,
+            buckets,
+            conn,
+            ops: 0,
+        }
+    }
+
+    fn step_clock(&mut self) {
+        let r: u32 = self.rng.random_range(0..100);
+        let step: i64 = match r {
+            0..15 => 0,
+            15..50 => self.rng.random_range(1..1_000),
+            50..75 => self.rng.random_range(1_000..2_000_000),
+            75..85 => self.rng.random_range(2_000_000..60_000_000),
+            85..90 => self.rng.random_range(3_600_000_000..30 * 86_400_000_000),
+            _ => -self.rng.random_range(1..3_000_000),
+        };
+        self.now = self.now.saturating_add_signed(step).max(T0 - 10_000_000);
+        self.server.set_time(self.now);
+        // Keys expired at the new instant: have Redis drop them now (lazily, on access), as the
+        // model does, so a later step back cannot find them alive in one and gone in the other.
+        for rkey in self.model.expire(self.now) {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&rkey)
+                .query(&mut self.conn)
+                .unwrap();
+            assert!(!exists, "{rkey} outlived its expiry at {}", self.now);
+        }
+    }
+
+    fn cost(&mut self, limit: u64) -> u64 {
+        match self.rng.random_range(0..10) {
+            0..7 => self.rng.random_range(1..=limit.min(3)),
+            7..9 => self.rng.random_range(1..=limit),
+            _ => limit,
+        }
+    }
+
+    /// Checks the bucket's stored state and TTL in Redis against the model.
+    fn check_state(&mut self, b: usize) {
+        let rkey = self.buckets[b].rkey.clone();
+        let raw: Option<Vec<u8>> = redis::cmd("GET").arg(&rkey).query(&mut self.conn).unwrap();
+        let pttl: i64 = redis::cmd("PTTL").arg(&rkey).query(&mut self.conn).unwrap();
+        let expected = self.model.map.get(&rkey);
+        match (raw, expected) {
+            (None, None) => assert_eq!(pttl, -2),
+            (Some(raw), Some((state, exp))) => {
+                let ctx = format!("op {} at {}: {rkey}", self.ops, self.now);
+                assert_eq!(
+                    &decode(&self.buckets[b].policy, &raw),
+                    state,
+                    "{ctx}: stored state"
+                );
+                assert_eq!(pttl, (*exp - self.now / 1000) as i64, "{ctx}: PTTL");
+            }
+            (raw, expected) => panic!(
+                "op {} at {}: {rkey}: Redis holds {raw:?}, the model {expected:?}",
+                self.ops, self.now
+            ),
+        }
+    }
+
+    async fn one_op(&mut self) {
+        self.step_clock();
+        self.ops += 1;
+        let b = self.rng.random_range(0..self.buckets.len());
+        let (key, policy, rkey) = {
+            let bk = &self.buckets[b];
+            (bk.key.clone(), bk.policy, bk.rkey.clone())
+        };
+        let ctx = format!("op {} at {}: {policy} on {rkey}", self.ops, self.now);
+        match self.rng.random_range(0..100) {
+            0..70 => {
+                let cost = self.cost(policy.limit());
+                let got = self.store.acquire(&key, &policy, cost).await.unwrap();
+                let want = self.model.apply(&rkey, &policy, self.now, cost, true);
+                assert_eq!(got, want, "{ctx}: acquire {cost}");
+            }
+            70..85 => {
+                let cost = self.cost(policy.limit());
+                let got = self.store.peek(&key, &policy, cost).await.unwrap();
+                let want = self.model.apply(&rkey, &policy, self.now, cost, false);
+                assert_eq!(got, want, "{ctx}: peek {cost}");
+            }
+            85..88 => {
+                self.store.reset(&key, &policy).await.unwrap();
+                self.model.map.remove(&rkey);
+            }
+            _ => {
+                // a batch at one instant, possibly naming one bucket twice
+                let n = self.rng.random_range(2..=4);
+                let picks: Vec<(usize, u64)> = (0..n)
+                    .map(|_| {
+                        let i = self.rng.random_range(0..self.buckets.len());
+                        (i, self.cost(self.buckets[i].policy.limit()))
+                    })
+                    .collect();
+                let reqs: Vec<Acquire<'_>> = picks
+                    .iter()
+                    .map(|&(i, cost)| Acquire {
+                        key: &self.buckets[i].key,
+                        policy: &self.buckets[i].policy,
+                        cost,
+                    })
+                    .collect();
+                let got = self.store.acquire_many(&reqs).await.unwrap();
+                let want: Vec<Decision> = picks
+                    .iter()
+                    .map(|&(i, cost)| {
+                        self.model.apply(
+                            &self.buckets[i].rkey,
+                            &self.buckets[i].policy,
+                            self.now,
+                            cost,
+                            true,
+                        )
+                    })
+                    .collect();
+                assert_eq!(got, want, "{ctx}: batch {picks:?}");
+                for (i, _) in picks {
+                    self.check_state(i);
+                }
+            }
+        }
+        self.check_state(b);
+    }
+
+    async fn run(mut self, ops: u64) -> Self {
+        for _ in 0..ops {
+            self.one_op().await;
+        }
+        self
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("TOLLGATE_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x70_11_6a_7e)
+}
+
+fn ops() -> u64 {
+    std::env::var("TOLLGATE_DIFF_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3_000)
+}
+
+async fn differential(name: &str, policies: &[Policy], seed: u64) {
+    let d = Differential::start(policies, seed).await;
+    let d = d.run(ops()).await;
+    let allowed = d.model.map.len();
+    eprintln!(
+        "{name}: {} operations identical (seed {seed:#x}, {allowed} live buckets at the end)",
+        d.ops
+    );
+}
+
+#[tokio::test]
+async fn token_bucket_scripts_equal_the_core_maths() {
+    let big_capacity = (MAX_EXACT - 1) / 1_000_000; // one token per second: unit 10^6, ~2^52 units
+    let policies = [
+        Policy::token_bucket(10, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::token_bucket(1, Rate::per_second_f64(0.3).unwrap()).unwrap(),
+        Policy::token_bucket(100, Rate::new(13, Duration::from_secs(7)))
+            .unwrap()
+            .with_max_elapsed(Duration::from_millis(2_500))
+            .unwrap(),
+        Policy::token_bucket(big_capacity, Rate::per_second(1)).unwrap(),
+        Policy::token_bucket(
+            (1 << 50) + 7,
+            Rate::new((1 << 50) - 1, Duration::from_micros(3)),
+        )
+        .unwrap(),
+        Policy::token_bucket(3, Rate::new(1_000_003, Duration::from_micros(999_983))).unwrap(),
+    ];
+    differential("token bucket", &policies, seed()).await;
+}
+
+#[tokio::test]
+async fn fixed_window_scripts_equal_the_core_maths() {
+    let policies = [
+        Policy::fixed_window(5, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window(7, Duration::from_millis(3)).unwrap(),
+        Policy::fixed_window(MAX_EXACT, MAX_DURATION).unwrap(),
+        Policy::fixed_window(1000, Duration::from_micros(1_700_003)).unwrap(),
+    ];
+    differential("fixed window", &policies, seed() ^ 1).await;
+}
+
+#[tokio::test]
+async fn sliding_log_scripts_equal_the_core_maths() {
+    let policies = [
+        Policy::sliding_log(5, Duration::from_secs(1)).unwrap(),
+        Policy::sliding_log(1000, Duration::from_millis(3)).unwrap(),
+        Policy::sliding_log(7, Duration::from_micros(1_700_003)).unwrap(),
+        Policy::sliding_log(1000, MAX_DURATION).unwrap(),
+    ];
+    differential("sliding log", &policies, seed() ^ 2).await;
+}
+
+#[tokio::test]
+async fn all_algorithms_interleaved_equal_the_core_maths() {
+    let policies = [
+        Policy::token_bucket(10, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::fixed_window(5, Duration::from_secs(2)).unwrap(),
+        Policy::sliding_log(6, Duration::from_millis(1500)).unwrap(),
+    ];
+    differential("all algorithms", &policies, seed() ^ 3).await;
+}
