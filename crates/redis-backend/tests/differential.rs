@@ -125,7 +125,9 @@ struct Differential {
 }
 
 impl Differential {
-    async fn start(policies: &[Policy], seed: u64) -> Self {
+    /// With `share_keys`, every policy uses the same keys, so policies of one algorithm take
+    /// turns on live buckets (a policy change: the state is reinterpreted, tokens clamped).
+    async fn start(policies: &[Policy], seed: u64, share_keys: bool) -> Self {
         let server = Server::start_with_clock();
         server.set_time(T0);
         let store = RedisStore::builder(server.url())
@@ -136,7 +138,12 @@ impl Differential {
         let mut buckets = Vec::new();
         for (i, policy) in policies.iter().enumerate() {
             for j in 0..KEYS_PER_POLICY {
-                let key = Key::new(&format!("diff{i}"), [format!("k{j}")]).unwrap();
+                let ns = if share_keys {
+                    "diff".to_owned()
+                } else {
+                    format!("diff{i}")
+                };
+                let key = Key::new(&ns, [format!("k{j}")]).unwrap();
                 let rkey = store.redis_key(&key, policy);
                 buckets.push(Bucket {
                     key,
@@ -301,7 +308,11 @@ fn ops() -> u64 {
 }
 
 async fn differential(name: &str, policies: &[Policy], seed: u64) {
-    let d = Differential::start(policies, seed).await;
+    differential_on(name, policies, seed, false).await;
+}
+
+async fn differential_on(name: &str, policies: &[Policy], seed: u64, share_keys: bool) {
+    let d = Differential::start(policies, seed, share_keys).await;
     let d = d.run(ops()).await;
     let allowed = d.model.map.len();
     eprintln!(
@@ -361,4 +372,17 @@ async fn all_algorithms_interleaved_equal_the_core_maths() {
         Policy::sliding_log(6, Duration::from_millis(1500)).unwrap(),
     ];
     differential("all algorithms", &policies, seed() ^ 3).await;
+}
+
+#[tokio::test]
+async fn token_bucket_policy_changes_on_live_buckets_equal_the_core_maths() {
+    let policies = [
+        Policy::token_bucket(10, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::token_bucket(4, Rate::per_second(1)).unwrap(),
+        Policy::token_bucket(25, Rate::new(3, Duration::from_millis(700)))
+            .unwrap()
+            .with_max_elapsed(Duration::from_secs(1))
+            .unwrap(),
+    ];
+    differential_on("token bucket policy changes", &policies, seed() ^ 4, true).await;
 }
