@@ -3,5 +3,6 @@
 //!
 //! Nothing here mocks Redis: every backend test talks to a real server.
 
+pub mod clock;
 pub mod conformance;
 pub mod server;
