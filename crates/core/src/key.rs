@@ -75,7 +75,11 @@ impl Key {
                 return Err(KeyError::EmptyPart { index });
             }
             if part.len() > MAX_KEY_PART_BYTES {
-                return Err(KeyError::PartTooLong { index, len: part.len(), max: MAX_KEY_PART_BYTES });
+                return Err(KeyError::PartTooLong {
+                    index,
+                    len: part.len(),
+                    max: MAX_KEY_PART_BYTES,
+                });
             }
             out.push(':');
             encode_part(part, &mut out);
@@ -113,10 +117,14 @@ impl fmt::Display for Key {
 fn check_namespace(ns: &str) -> Result<(), KeyError> {
     let ok = !ns.is_empty()
         && ns.len() <= MAX_NAMESPACE
-        && ns
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'));
-    if ok { Ok(()) } else { Err(KeyError::BadNamespace(ns.to_owned())) }
+        && ns.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(KeyError::BadNamespace(ns.to_owned()))
+    }
 }
 
 fn is_plain(b: u8) -> bool {
@@ -169,8 +177,17 @@ mod tests {
         let k = Key::new("ns", [&long]).unwrap();
         assert_eq!(k.as_str().len(), "ns:~".len() + 32);
         let huge = vec![b'a'; MAX_KEY_PART_BYTES + 1];
-        assert!(matches!(Key::new("ns", [&huge]), Err(KeyError::PartTooLong { .. })));
-        assert!(matches!(Key::new("ns", [""]), Err(KeyError::EmptyPart { index: 0 })));
-        assert!(matches!(Key::new("Bad{ns}", ["a"]), Err(KeyError::BadNamespace(_))));
+        assert!(matches!(
+            Key::new("ns", [&huge]),
+            Err(KeyError::PartTooLong { .. })
+        ));
+        assert!(matches!(
+            Key::new("ns", [""]),
+            Err(KeyError::EmptyPart { index: 0 })
+        ));
+        assert!(matches!(
+            Key::new("Bad{ns}", ["a"]),
+            Err(KeyError::BadNamespace(_))
+        ));
     }
 }

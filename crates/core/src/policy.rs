@@ -113,11 +113,17 @@ impl Rate {
     /// ```
     pub fn per_second_f64(rate: f64) -> Result<Self, PolicyError> {
         if !rate.is_finite() || rate <= 0.0 {
-            return Err(PolicyError::NotPositiveFinite { field: "rate", got: rate });
+            return Err(PolicyError::NotPositiveFinite {
+                field: "rate",
+                got: rate,
+            });
         }
         let milli = (rate * 1000.0).round();
         if milli < 1.0 {
-            return Err(PolicyError::NotPositiveFinite { field: "rate", got: rate });
+            return Err(PolicyError::NotPositiveFinite {
+                field: "rate",
+                got: rate,
+            });
         }
         if milli >= MAX_EXACT as f64 {
             return Err(PolicyError::TooLarge {
@@ -241,7 +247,11 @@ fn check_duration(field: &'static str, d: Duration, min: Duration) -> Result<u64
         return Err(PolicyError::DurationTooShort { field, min, got: d });
     }
     if d > MAX_DURATION {
-        return Err(PolicyError::DurationTooLong { field, max: MAX_DURATION, got: d });
+        return Err(PolicyError::DurationTooLong {
+            field,
+            max: MAX_DURATION,
+            got: d,
+        });
     }
     Ok(d.as_micros() as u64)
 }
@@ -300,7 +310,10 @@ impl Policy {
         let limit = check_count("limit", limit, MAX_EXACT)?;
         let window_micros = check_duration("window", window, MIN_WINDOW)?;
         Ok(Self {
-            algorithm: Algorithm::FixedWindow(FixedWindow { limit, window_micros }),
+            algorithm: Algorithm::FixedWindow(FixedWindow {
+                limit,
+                window_micros,
+            }),
             generation: 0,
         })
     }
@@ -310,7 +323,10 @@ impl Policy {
         let limit = check_count("limit", limit, MAX_SLIDING_LOG_LIMIT)?;
         let window_micros = check_duration("window", window, MIN_WINDOW)?;
         Ok(Self {
-            algorithm: Algorithm::SlidingLog(SlidingLog { limit, window_micros }),
+            algorithm: Algorithm::SlidingLog(SlidingLog {
+                limit,
+                window_micros,
+            }),
             generation: 0,
         })
     }
@@ -401,10 +417,18 @@ impl fmt::Display for Policy {
                 tb.refill.period.as_micros()
             ),
             Algorithm::FixedWindow(fw) => {
-                write!(f, "fixed-window:limit={},window={}us", fw.limit, fw.window_micros)
+                write!(
+                    f,
+                    "fixed-window:limit={},window={}us",
+                    fw.limit, fw.window_micros
+                )
             }
             Algorithm::SlidingLog(sl) => {
-                write!(f, "sliding-log:limit={},window={}us", sl.limit, sl.window_micros)
+                write!(
+                    f,
+                    "sliding-log:limit={},window={}us",
+                    sl.limit, sl.window_micros
+                )
             }
         }?;
         write!(f, ",generation={}", self.generation)
@@ -469,7 +493,9 @@ mod tests {
     #[test]
     fn reduces_rate_to_smallest_exact_units() {
         let p = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
-        let Algorithm::TokenBucket(tb) = p.algorithm() else { unreachable!() };
+        let Algorithm::TokenBucket(tb) = p.algorithm() else {
+            unreachable!()
+        };
         assert_eq!((tb.unit, tb.rate), (500_000, 1));
         assert_eq!(tb.fill_micros(), 5_000_000);
     }
@@ -488,6 +514,9 @@ mod tests {
         let p = Policy::sliding_log(5, Duration::from_secs(1)).unwrap();
         assert_eq!(p.check_cost(0), Err(PolicyError::ZeroCost));
         assert_eq!(p.check_cost(5), Ok(()));
-        assert_eq!(p.check_cost(6), Err(PolicyError::CostAboveCapacity { cost: 6, max: 5 }));
+        assert_eq!(
+            p.check_cost(6),
+            Err(PolicyError::CostAboveCapacity { cost: 6, max: 5 })
+        );
     }
 }

@@ -66,7 +66,10 @@ impl<'a> Params<'a> {
                 .filter(|(n, v)| !n.is_empty() && !v.is_empty())
                 .ok_or_else(|| SpecError::Malformed(item.to_owned()))?;
             if !allowed.contains(&name) {
-                return Err(SpecError::UnknownParameter { algorithm, name: name.to_owned() });
+                return Err(SpecError::UnknownParameter {
+                    algorithm,
+                    name: name.to_owned(),
+                });
             }
             if pairs.iter().any(|(n, _)| *n == name) {
                 return Err(SpecError::Duplicate(name.to_owned()));
@@ -81,7 +84,10 @@ impl<'a> Params<'a> {
     }
 
     fn require(&self, name: &'static str) -> Result<&'a str, SpecError> {
-        self.get(name).ok_or(SpecError::Missing { algorithm: self.algorithm, name })
+        self.get(name).ok_or(SpecError::Missing {
+            algorithm: self.algorithm,
+            name,
+        })
     }
 
     fn count(&self, name: &'static str) -> Result<u64, SpecError> {
@@ -94,12 +100,17 @@ impl<'a> Params<'a> {
     }
 
     fn generation(&self) -> Result<u64, SpecError> {
-        self.get("generation").map_or(Ok(0), |v| v.parse().map_err(|e| bad("generation", v, &e)))
+        self.get("generation")
+            .map_or(Ok(0), |v| v.parse().map_err(|e| bad("generation", v, &e)))
     }
 }
 
 fn bad(name: &str, value: &str, reason: &dyn std::fmt::Display) -> SpecError {
-    SpecError::BadValue { name: name.to_owned(), value: value.to_owned(), reason: reason.to_string() }
+    SpecError::BadValue {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        reason: reason.to_string(),
+    }
 }
 
 /// Parses `500ms`, `10s`, `1m`, `2h 30m` (humantime) or a bare number of seconds.
@@ -139,14 +150,18 @@ impl FromStr for Policy {
                 let rate_text = p.require("rate")?;
                 let rate = match p.duration("period")? {
                     Some(period) => {
-                        let tokens = rate_text.parse::<u64>().map_err(|e| bad("rate", rate_text, &e))?;
+                        let tokens = rate_text
+                            .parse::<u64>()
+                            .map_err(|e| bad("rate", rate_text, &e))?;
                         Rate::new(tokens, period)
                     }
                     None => {
                         if let Ok(n) = rate_text.parse::<u64>() {
                             Rate::per_second(n)
                         } else {
-                            let f = rate_text.parse::<f64>().map_err(|e| bad("rate", rate_text, &e))?;
+                            let f = rate_text
+                                .parse::<f64>()
+                                .map_err(|e| bad("rate", rate_text, &e))?;
                             Rate::per_second_f64(f)?
                         }
                     }
@@ -186,20 +201,35 @@ mod tests {
     #[test]
     fn names_the_offending_parameter() {
         let e = "token-bucket:capacity=10".parse::<Policy>().unwrap_err();
-        assert_eq!(e, SpecError::Missing { algorithm: "token-bucket", name: "rate" });
-        let e = "fixed-window:limit=10,window=1s,burst=3".parse::<Policy>().unwrap_err();
+        assert_eq!(
+            e,
+            SpecError::Missing {
+                algorithm: "token-bucket",
+                name: "rate"
+            }
+        );
+        let e = "fixed-window:limit=10,window=1s,burst=3"
+            .parse::<Policy>()
+            .unwrap_err();
         assert!(matches!(e, SpecError::UnknownParameter { .. }));
-        let e = "fixed-window:limit=-1,window=1s".parse::<Policy>().unwrap_err();
+        let e = "fixed-window:limit=-1,window=1s"
+            .parse::<Policy>()
+            .unwrap_err();
         assert!(matches!(e, SpecError::BadValue { .. }));
         let e = "leaky:limit=1".parse::<Policy>().unwrap_err();
         assert!(matches!(e, SpecError::UnknownAlgorithm(_)));
-        let e = "fixed-window:limit=1,limit=2,window=1s".parse::<Policy>().unwrap_err();
+        let e = "fixed-window:limit=1,limit=2,window=1s"
+            .parse::<Policy>()
+            .unwrap_err();
         assert!(matches!(e, SpecError::Duplicate(_)));
     }
 
     #[test]
     fn parses_rates_with_periods() {
         let p: Policy = "token-bucket:capacity=7,rate=7,period=3s".parse().unwrap();
-        assert_eq!(p.to_string(), "token-bucket:capacity=7,rate=7/3000000us,generation=0");
+        assert_eq!(
+            p.to_string(),
+            "token-bucket:capacity=7,rate=7/3000000us,generation=0"
+        );
     }
 }

@@ -87,7 +87,10 @@ impl StoreError {
         message: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        Self::Unavailable { message: message.into(), source: Some(source.into()) }
+        Self::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
     }
 
     /// The class of this error.

@@ -32,7 +32,10 @@ pub fn apply(
     let allowed = count + cost <= p.limit;
     let count = if allowed { count + cost } else { count };
     let ttl_micros = (commit && allowed).then(|| {
-        *state = Some(FixedWindowState { window_start: start, count });
+        *state = Some(FixedWindowState {
+            window_start: start,
+            count,
+        });
         until_end
     });
     Outcome {

@@ -81,10 +81,18 @@ pub fn apply(
                 if commit {
                     *state = Some(State::SlidingLog(SlidingLogState::default()));
                 } else {
-                    return Ok(sliding_log::apply(&mut SlidingLogState::default(), p, now, cost, false));
+                    return Ok(sliding_log::apply(
+                        &mut SlidingLogState::default(),
+                        p,
+                        now,
+                        cost,
+                        false,
+                    ));
                 }
             }
-            let Some(State::SlidingLog(s)) = state else { unreachable!() };
+            let Some(State::SlidingLog(s)) = state else {
+                unreachable!()
+            };
             sliding_log::apply(s, p, now, cost, commit)
         }
     })

@@ -26,7 +26,11 @@ pub fn apply(
 ) -> Outcome {
     let w = p.window_micros;
     let eff = state.entries.back().map_or(now, |&(t, _)| now.max(t));
-    let first_live = state.entries.iter().position(|&(t, _)| t + w > eff).unwrap_or(state.entries.len());
+    let first_live = state
+        .entries
+        .iter()
+        .position(|&(t, _)| t + w > eff)
+        .unwrap_or(state.entries.len());
     let live = state.entries.range(first_live..);
     let sum: u64 = live.clone().map(|&(_, c)| c).sum();
     let allowed = sum + cost <= p.limit;

@@ -33,7 +33,11 @@ pub fn apply(
         elapsed = elapsed.min(max);
     }
     let to_full = (cap - stored).div_ceil(p.rate);
-    let level = if elapsed >= to_full { cap } else { stored + elapsed * p.rate };
+    let level = if elapsed >= to_full {
+        cap
+    } else {
+        stored + elapsed * p.rate
+    };
 
     let need = cost * p.unit;
     let allowed = level >= need;
@@ -42,11 +46,20 @@ pub fn apply(
     let reset_after = eff + (cap - level).div_ceil(p.rate) - now;
 
     let ttl_micros = commit.then(|| {
-        *state = Some(TokenBucketState { level, updated: eff });
+        *state = Some(TokenBucketState {
+            level,
+            updated: eff,
+        });
         reset_after.max(1)
     });
     Outcome {
-        decision: Decision::shared(allowed, p.capacity, level / p.unit, retry_after, reset_after),
+        decision: Decision::shared(
+            allowed,
+            p.capacity,
+            level / p.unit,
+            retry_after,
+            reset_after,
+        ),
         ttl_micros,
     }
 }

@@ -1,1 +1,0 @@
-//! The tollgate command-line tool.

@@ -1,0 +1,284 @@
+//! `tollgate load`: several independent limiter instances (each with its own store handle,
+//! as separate service processes would have) × tasks, against one or many keys, bounded in
+//! both time and count.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use clap::Args;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use tollgate::{Algorithm, FailureMode, Key, Limiter, Policy};
+
+use crate::StoreArgs;
+
+/// Upper bound on requests when only `--duration` is given.
+const DEFAULT_MAX_REQUESTS: u64 = 100_000_000;
+/// Upper bound on time when only `--requests` is given.
+const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(300);
+
+#[derive(Args, Debug)]
+pub(crate) struct LoadArgs {
+    /// The policy, e.g. `token-bucket:capacity=100,rate=50`.
+    #[arg(long)]
+    policy: Policy,
+    /// Independent limiter instances, each with its own store handle.
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// Concurrent tasks per instance.
+    #[arg(long, default_value_t = 1)]
+    tasks: usize,
+    /// Stop after this long (default 300 s if only --requests is given).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Stop after this many requests in total (default 100,000,000 if only --duration is given).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Number of distinct keys, used round-robin.
+    #[arg(long, default_value_t = 1)]
+    keys: usize,
+    /// Cost of every request.
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Default)]
+struct Counters {
+    issued: AtomicU64,
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The summary printed at the end of a run.
+#[derive(Debug, Serialize)]
+pub(crate) struct Summary {
+    store: &'static str,
+    policy: String,
+    instances: usize,
+    tasks_per_instance: usize,
+    keys: usize,
+    cost: u64,
+    elapsed_secs: f64,
+    requests: u64,
+    allowed: u64,
+    denied: u64,
+    errors: u64,
+    admitted_cost: u64,
+    decisions_per_sec: f64,
+    latency_us: Latency,
+    /// Most cost one shared quota could admit over the run, summed over keys. With the local
+    /// store every instance has its own quota, so the fleet may admit `instances` times this.
+    quota_bound_per_store: u64,
+    first_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Latency {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+    mean: f64,
+}
+
+/// Most cost one bucket can admit over `elapsed` under `policy`.
+fn bucket_bound(policy: &Policy, elapsed: Duration) -> u64 {
+    let us = elapsed.as_micros();
+    match policy.algorithm() {
+        Algorithm::TokenBucket(tb) => {
+            let refill = u128::from(tb.rate) * us / u128::from(tb.unit);
+            tb.capacity.saturating_add(refill as u64)
+        }
+        Algorithm::FixedWindow(fw) => fw.limit * (us / u128::from(fw.window_micros) + 2) as u64,
+        Algorithm::SlidingLog(sl) => sl.limit * (us / u128::from(sl.window_micros) + 1) as u64,
+        _ => u64::MAX,
+    }
+}
+
+#[allow(clippy::too_many_lines)] // one bounded run, read top to bottom
+pub(crate) async fn run(args: LoadArgs) -> Result<()> {
+    if args.instances == 0 || args.tasks == 0 || args.keys == 0 {
+        bail!("--instances, --tasks and --keys must be at least 1");
+    }
+    if args.duration.is_none() && args.requests.is_none() {
+        bail!("give --duration or --requests (or both): a load run is always bounded");
+    }
+    args.policy.check_cost(args.cost)?;
+    let max_requests = args.requests.unwrap_or(DEFAULT_MAX_REQUESTS);
+    let max_duration = args.duration.unwrap_or(DEFAULT_MAX_DURATION);
+
+    let keys: Arc<Vec<Key>> = Arc::new(
+        (0..args.keys)
+            .map(|i| Key::new("load", [format!("k{i}")]))
+            .collect::<Result<_, _>>()?,
+    );
+    let mut limiters = Vec::with_capacity(args.instances);
+    for _ in 0..args.instances {
+        limiters.push(
+            Limiter::builder("load", args.policy)
+                .store(args.store.connect().await?)
+                .failure_mode(FailureMode::Closed)
+                .timeout(args.store.timeout)
+                .build()?,
+        );
+    }
+
+    let counters = Arc::new(Counters::default());
+    let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
+    let progress = progress_bar(max_requests, args.json);
+    let started = Instant::now();
+    let deadline = started + max_duration;
+    let mut handles = Vec::new();
+    for limiter in &limiters {
+        for _ in 0..args.tasks {
+            let limiter = limiter.clone();
+            let keys = keys.clone();
+            let counters = counters.clone();
+            let first_error = first_error.clone();
+            let cost = args.cost;
+            handles.push(tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+                    .expect("histogram bounds");
+                loop {
+                    let n = counters.issued.fetch_add(1, Ordering::Relaxed);
+                    if n >= max_requests || Instant::now() >= deadline {
+                        break;
+                    }
+                    let key = &keys[(n % keys.len() as u64) as usize];
+                    let t0 = Instant::now();
+                    let result = limiter.check_key(key, cost).await;
+                    hist.saturating_record(t0.elapsed().as_nanos().max(1) as u64);
+                    match result {
+                        Ok(d) if d.allowed => counters.allowed.fetch_add(1, Ordering::Relaxed),
+                        Ok(_) => counters.denied.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            first_error
+                                .lock()
+                                .expect("poisoned")
+                                .get_or_insert_with(|| e.to_string());
+                            counters.errors.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+                hist
+            }));
+        }
+    }
+    let ticker = progress.clone().map(|bar| {
+        let counters = counters.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let done = counters.allowed.load(Ordering::Relaxed)
+                    + counters.denied.load(Ordering::Relaxed)
+                    + counters.errors.load(Ordering::Relaxed);
+                bar.set_position(done);
+            }
+        })
+    });
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    for h in handles {
+        hist.add(h.await?)?;
+    }
+    let elapsed = started.elapsed();
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+
+    let allowed = counters.allowed.load(Ordering::Relaxed);
+    let denied = counters.denied.load(Ordering::Relaxed);
+    let errors = counters.errors.load(Ordering::Relaxed);
+    let requests = allowed + denied + errors;
+    let summary = Summary {
+        store: args.store.label(),
+        policy: args.policy.to_string(),
+        instances: args.instances,
+        tasks_per_instance: args.tasks,
+        keys: args.keys,
+        cost: args.cost,
+        elapsed_secs: elapsed.as_secs_f64(),
+        requests,
+        allowed,
+        denied,
+        errors,
+        admitted_cost: allowed * args.cost,
+        decisions_per_sec: requests as f64 / elapsed.as_secs_f64(),
+        latency_us: Latency {
+            p50: hist.value_at_quantile(0.5) as f64 / 1e3,
+            p99: hist.value_at_quantile(0.99) as f64 / 1e3,
+            p999: hist.value_at_quantile(0.999) as f64 / 1e3,
+            max: hist.max() as f64 / 1e3,
+            mean: hist.mean() / 1e3,
+        },
+        quota_bound_per_store: bucket_bound(&args.policy, elapsed).saturating_mul(args.keys as u64),
+        first_error: first_error.lock().expect("poisoned").clone(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_human(&summary);
+    }
+    Ok(())
+}
+
+fn progress_bar(total: u64, json: bool) -> Option<ProgressBar> {
+    if json || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} {pos}/{len} decisions [{elapsed_precise}] {per_sec}",
+        )
+        .expect("valid template"),
+    );
+    Some(bar)
+}
+
+fn print_human(s: &Summary) {
+    println!(
+        "store       {} ({} instance(s) x {} task(s), {} key(s), cost {})",
+        s.store, s.instances, s.tasks_per_instance, s.keys, s.cost
+    );
+    println!("policy      {}", s.policy);
+    println!("elapsed     {:.3} s", s.elapsed_secs);
+    println!(
+        "requests    {} (allowed {}, denied {}, errors {})",
+        s.requests, s.allowed, s.denied, s.errors
+    );
+    println!("throughput  {:.0} decisions/s", s.decisions_per_sec);
+    println!(
+        "latency     p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
+        s.latency_us.p50, s.latency_us.p99, s.latency_us.p999, s.latency_us.max
+    );
+    println!(
+        "admitted    {} cost units; one shared quota allows at most {} over the run{}",
+        s.admitted_cost,
+        s.quota_bound_per_store,
+        if s.store == "local" && s.instances > 1 {
+            format!(
+                " (local store: each of the {} instances has its own quota, so up to {})",
+                s.instances,
+                s.quota_bound_per_store.saturating_mul(s.instances as u64)
+            )
+        } else {
+            String::new()
+        }
+    );
+    if let Some(e) = &s.first_error {
+        println!("first error {e}");
+    }
+}

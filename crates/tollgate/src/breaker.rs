@@ -1,0 +1,214 @@
+//! A circuit breaker in front of the store: after repeated unavailability the limiter stops
+//! calling a dead store, applies the failure mode at once, and lets a single caller probe the
+//! store on an interval. When a probe succeeds, shared enforcement resumes for everyone.
+
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Breaker settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Consecutive unavailable/busy results that open the breaker.
+    pub failure_threshold: u32,
+    /// How long the breaker stays open before one caller probes the store.
+    pub probe_interval: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            probe_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The breaker's state, as reported in metrics (`tollgate_breaker_state`) and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Calls go to the store.
+    Closed,
+    /// Calls skip the store and take the failure mode.
+    Open,
+    /// One probe is in flight; other calls take the failure mode.
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// A stable lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+
+    /// The gauge value: 0 closed, 1 open, 2 half-open.
+    pub fn as_gauge(self) -> f64 {
+        match self {
+            Self::Closed => 0.0,
+            Self::Open => 1.0,
+            Self::HalfOpen => 2.0,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::Open,
+            2 => Self::HalfOpen,
+            _ => Self::Closed,
+        }
+    }
+}
+
+/// What the breaker lets a caller do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Permit {
+    /// Call the store normally.
+    Call,
+    /// Call the store as the single probe.
+    Probe,
+    /// Do not call the store.
+    Skip,
+}
+
+pub(crate) struct Breaker {
+    config: BreakerConfig,
+    epoch: Instant,
+    state: AtomicU8,
+    failures: AtomicU32,
+    /// Microseconds since `epoch` when an open breaker lets a probe through.
+    reopen_at: AtomicU64,
+}
+
+/// A state change to report.
+pub(crate) type Transition = Option<(BreakerState, BreakerState)>;
+
+impl Breaker {
+    pub(crate) fn new(config: BreakerConfig) -> Self {
+        Self {
+            config,
+            epoch: Instant::now(),
+            state: AtomicU8::new(0),
+            failures: AtomicU32::new(0),
+            reopen_at: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn state(&self) -> BreakerState {
+        BreakerState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// Decides whether this call may reach the store.
+    pub(crate) fn permit(&self) -> (Permit, Transition) {
+        match self.state() {
+            BreakerState::Closed => (Permit::Call, None),
+            BreakerState::HalfOpen => (Permit::Skip, None),
+            BreakerState::Open => {
+                if self.now() < self.reopen_at.load(Ordering::Acquire) {
+                    return (Permit::Skip, None);
+                }
+                // Exactly one caller wins the probe.
+                match self
+                    .state
+                    .compare_exchange(1, 2, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => (
+                        Permit::Probe,
+                        Some((BreakerState::Open, BreakerState::HalfOpen)),
+                    ),
+                    Err(_) => (Permit::Skip, None),
+                }
+            }
+        }
+    }
+
+    /// Records a store answer (any answer, even an error that is not unavailability).
+    pub(crate) fn on_success(&self, permit: Permit) -> Transition {
+        self.failures.store(0, Ordering::Release);
+        if permit == Permit::Probe {
+            self.state.store(0, Ordering::Release);
+            return Some((BreakerState::HalfOpen, BreakerState::Closed));
+        }
+        None
+    }
+
+    /// Records an unavailable/busy result.
+    pub(crate) fn on_failure(&self, permit: Permit) -> Transition {
+        let open = |from| {
+            self.reopen_at.store(
+                self.now() + self.config.probe_interval.as_micros() as u64,
+                Ordering::Release,
+            );
+            self.state.store(1, Ordering::Release);
+            Some((from, BreakerState::Open))
+        };
+        if permit == Permit::Probe {
+            return open(BreakerState::HalfOpen);
+        }
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= self.config.failure_threshold
+            && self
+                .state
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.failures.store(0, Ordering::Release);
+            return open(BreakerState::Closed);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_threshold_and_lets_one_probe_through() {
+        let b = Breaker::new(BreakerConfig {
+            failure_threshold: 3,
+            probe_interval: Duration::ZERO,
+        });
+        for _ in 0..2 {
+            assert_eq!(b.on_failure(Permit::Call), None);
+        }
+        assert_eq!(
+            b.on_failure(Permit::Call),
+            Some((BreakerState::Closed, BreakerState::Open))
+        );
+        let (first, t) = b.permit();
+        assert_eq!(first, Permit::Probe);
+        assert_eq!(t, Some((BreakerState::Open, BreakerState::HalfOpen)));
+        assert_eq!(b.permit().0, Permit::Skip, "only one probe at a time");
+        assert_eq!(
+            b.on_success(first),
+            Some((BreakerState::HalfOpen, BreakerState::Closed))
+        );
+        assert_eq!(b.permit().0, Permit::Call);
+    }
+
+    #[test]
+    fn failed_probe_reopens_for_another_interval() {
+        let b = Breaker::new(BreakerConfig {
+            failure_threshold: 1,
+            probe_interval: Duration::from_secs(3600),
+        });
+        b.on_failure(Permit::Call);
+        assert_eq!(b.permit().0, Permit::Skip, "interval not elapsed");
+        b.reopen_at.store(0, Ordering::Release);
+        let (p, _) = b.permit();
+        assert_eq!(p, Permit::Probe);
+        assert_eq!(
+            b.on_failure(p),
+            Some((BreakerState::HalfOpen, BreakerState::Open))
+        );
+        assert_eq!(b.permit().0, Permit::Skip);
+    }
+}

@@ -1,0 +1,464 @@
+//! The `Limiter`: one protected operation's policy, store, deadline and failure mode.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate_core::{
+    Algorithm, Decision, Enforcement, ErrorClass, Key, KeyError, Policy, PolicyError, Rate, Store,
+    StoreError,
+};
+use tollgate_local::LocalStore;
+
+use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit, Transition};
+
+/// Default deadline for one store call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// What an operation does when its store cannot answer (unavailable or busy). Chosen
+/// explicitly for every [`Limiter`]; there is no default.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// Admit the request, labelled [`Enforcement::Bypassed`]. Nothing is enforced.
+    Open,
+    /// Refuse with [`Error::Unavailable`] — a limiter failure, never a quota denial.
+    Closed,
+    /// Decide on a per-process local store, labelled [`Enforcement::Degraded`].
+    Degraded {
+        /// The local store used while the shared one is unavailable.
+        local: Arc<LocalStore>,
+        /// Expected number of instances sharing the quota; the local quota is the shared one
+        /// divided by it (at least 1). Approximate by nature.
+        expected_instances: u32,
+    },
+}
+
+impl FailureMode {
+    /// Degrade to a fresh local store, dividing the quota by `expected_instances`.
+    pub fn degraded(expected_instances: u32) -> Self {
+        Self::Degraded {
+            local: Arc::new(LocalStore::new()),
+            expected_instances,
+        }
+    }
+
+    /// A stable lower-case name for logs and metrics labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closed => "closed",
+            Self::Degraded { .. } => "degraded",
+        }
+    }
+}
+
+/// Why a limiter could not decide.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request was invalid (cost 0 or above the policy's limit, or a bad key). A client
+    /// error: never a denial, and no `Retry-After`.
+    #[error("invalid request: {0}")]
+    Invalid(#[source] StoreError),
+    /// The store could not answer and the operation fails closed.
+    #[error("rate limiter for {operation:?} unavailable ({}): {source}", source.class().as_str())]
+    Unavailable {
+        /// The operation.
+        operation: Arc<str>,
+        /// What the store reported.
+        #[source]
+        source: StoreError,
+    },
+    /// The store answered with an unexpected error: a bug, reported loudly rather than
+    /// handled by the failure mode.
+    #[error("rate limiter store error: {0}")]
+    Store(#[source] StoreError),
+    /// The limiter was built without a store or a failure mode.
+    #[error("limiter {operation:?} needs {missing}")]
+    Incomplete {
+        /// The operation.
+        operation: String,
+        /// What is missing.
+        missing: &'static str,
+    },
+}
+
+impl From<PolicyError> for Error {
+    fn from(e: PolicyError) -> Self {
+        Self::Invalid(StoreError::InvalidPolicy(e))
+    }
+}
+
+impl From<KeyError> for Error {
+    fn from(e: KeyError) -> Self {
+        Self::Invalid(StoreError::InvalidKey(e))
+    }
+}
+
+/// Builds a [`Limiter`]; see [`Limiter::builder`].
+#[must_use]
+pub struct LimiterBuilder {
+    operation: String,
+    policy: Policy,
+    store: Option<Arc<dyn Store>>,
+    failure_mode: Option<FailureMode>,
+    timeout: Duration,
+    breaker: BreakerConfig,
+}
+
+impl LimiterBuilder {
+    /// Circuit breaker settings (default: open after 5 consecutive failures, probe every
+    /// 500 ms).
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
+    /// The store holding the buckets.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// What to do when the store cannot answer. Required.
+    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+        self.failure_mode = Some(mode);
+        self
+    }
+
+    /// Deadline for one store call (default 250 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Builds the limiter; fails if the operation name is not a valid key namespace, or the
+    /// store or failure mode was not given.
+    pub fn build(self) -> Result<Limiter, Error> {
+        Key::new(&self.operation, std::iter::empty::<&[u8]>())?;
+        let store = self.store.ok_or_else(|| Error::Incomplete {
+            operation: self.operation.clone(),
+            missing: "a store",
+        })?;
+        let failure_mode = self.failure_mode.ok_or_else(|| Error::Incomplete {
+            operation: self.operation.clone(),
+            missing: "an explicit failure mode (Open, Closed or Degraded)",
+        })?;
+        let degraded_policy = match &failure_mode {
+            FailureMode::Degraded {
+                expected_instances, ..
+            } => Some(scale_down(
+                &self.policy,
+                u64::from((*expected_instances).max(1)),
+            )),
+            _ => None,
+        };
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                operation: self.operation.into(),
+                policy: self.policy,
+                store,
+                failure_mode,
+                degraded_policy,
+                timeout: self.timeout,
+                breaker: Breaker::new(self.breaker),
+            }),
+        })
+    }
+}
+
+/// The quota of one protected operation. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    operation: Arc<str>,
+    policy: Policy,
+    store: Arc<dyn Store>,
+    failure_mode: FailureMode,
+    degraded_policy: Option<Policy>,
+    timeout: Duration,
+    breaker: Breaker,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("operation", &self.inner.operation)
+            .field("policy", &self.inner.policy)
+            .field("failure_mode", &self.inner.failure_mode.as_str())
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter {
+    /// Starts a limiter for `operation` (also the key namespace: `[a-z0-9_.-]`, 1-64
+    /// characters) under `policy`.
+    pub fn builder(operation: impl Into<String>, policy: Policy) -> LimiterBuilder {
+        LimiterBuilder {
+            operation: operation.into(),
+            policy,
+            store: None,
+            failure_mode: None,
+            timeout: DEFAULT_TIMEOUT,
+            breaker: BreakerConfig::default(),
+        }
+    }
+
+    /// The operation's name.
+    pub fn operation(&self) -> &str {
+        &self.inner.operation
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The failure mode.
+    pub fn failure_mode(&self) -> &FailureMode {
+        &self.inner.failure_mode
+    }
+
+    /// The key of the bucket identified by `parts` within this operation's namespace. Parts
+    /// are arbitrary user-supplied bytes; they are escaped or hashed (see [`Key`]).
+    pub fn key<I, P>(&self, parts: I) -> Result<Key, Error>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        Ok(Key::new(&self.inner.operation, parts)?)
+    }
+
+    /// Applies `cost` to the bucket identified by `parts` (see [`Limiter::key`]).
+    pub async fn check<I, P>(&self, parts: I, cost: u64) -> Result<Decision, Error>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        let key = self.key(parts)?;
+        self.check_key(&key, cost).await
+    }
+
+    /// Applies `cost` to `key`. Invalid input is refused before the store is touched. When the
+    /// store is unavailable or busy (or the circuit breaker is open), the failure mode decides.
+    pub async fn check_key(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
+        let inner = &*self.inner;
+        inner.policy.check_cost(cost)?;
+        let started = Instant::now();
+        let (permit, transition) = inner.breaker.permit();
+        self.report(transition);
+        let outcome = if permit == Permit::Skip {
+            let error = StoreError::Unavailable {
+                message: "circuit breaker open; store not called".into(),
+                source: None,
+            };
+            self.apply_failure_mode(key, cost, &error)
+                .map_err(|()| Error::Unavailable {
+                    operation: inner.operation.clone(),
+                    source: error,
+                })
+        } else {
+            let call = inner.store.acquire(key, &inner.policy, cost);
+            let result = match tokio::time::timeout(inner.timeout, call).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(inner.timeout)),
+            };
+            match result {
+                Ok(decision) => {
+                    self.report(inner.breaker.on_success(permit));
+                    Ok(decision)
+                }
+                Err(e) => self.on_store_error(key, cost, permit, e),
+            }
+        };
+        record(inner, &outcome, started);
+        outcome
+    }
+
+    /// The circuit breaker's current state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    fn report(&self, transition: Transition) {
+        if let Some((from, to)) = transition {
+            let inner = &*self.inner;
+            tracing::warn!(
+                operation = %inner.operation,
+                from = from.as_str(),
+                to = to.as_str(),
+                mode = inner.failure_mode.as_str(),
+                "rate limiter circuit breaker changed state"
+            );
+            metrics::gauge!("tollgate_breaker_state", "operation" => inner.operation.to_string())
+                .set(to.as_gauge());
+        }
+    }
+
+    fn on_store_error(
+        &self,
+        key: &Key,
+        cost: u64,
+        permit: Permit,
+        error: StoreError,
+    ) -> Result<Decision, Error> {
+        let inner = &*self.inner;
+        let class = error.class();
+        metrics::counter!(
+            "tollgate_store_errors_total",
+            "operation" => inner.operation.to_string(),
+            "class" => class.as_str()
+        )
+        .increment(1);
+        match class {
+            ErrorClass::Unavailable | ErrorClass::Busy => {
+                self.report(inner.breaker.on_failure(permit));
+                tracing::warn!(
+                    operation = %inner.operation,
+                    mode = inner.failure_mode.as_str(),
+                    class = class.as_str(),
+                    error = %error,
+                    "rate limiter store unavailable; applying failure mode"
+                );
+                self.apply_failure_mode(key, cost, &error)
+                    .map_err(|()| Error::Unavailable {
+                        operation: inner.operation.clone(),
+                        source: error,
+                    })
+            }
+            ErrorClass::Invalid => {
+                self.report(inner.breaker.on_success(permit));
+                Err(Error::Invalid(error))
+            }
+            _ => {
+                self.report(inner.breaker.on_success(permit));
+                tracing::error!(operation = %inner.operation, %key, error = %error, "rate limiter store error (bug)");
+                Err(Error::Store(error))
+            }
+        }
+    }
+
+    /// The failure mode's answer; `Err(())` means fail closed.
+    fn apply_failure_mode(&self, key: &Key, cost: u64, error: &StoreError) -> Result<Decision, ()> {
+        let inner = &*self.inner;
+        match &inner.failure_mode {
+            FailureMode::Open => Ok(Decision {
+                allowed: true,
+                limit: inner.policy.limit(),
+                remaining: inner.policy.limit(),
+                retry_after: None,
+                reset_after: Duration::ZERO,
+                enforcement: Enforcement::Bypassed,
+            }),
+            FailureMode::Closed => Err(()),
+            FailureMode::Degraded { local, .. } => {
+                let policy = inner.degraded_policy.as_ref().unwrap_or(&inner.policy);
+                match local.acquire_now(key, policy, cost.min(policy.limit())) {
+                    Ok(d) => Ok(d.with_enforcement(Enforcement::Degraded)),
+                    Err(local_error) => {
+                        tracing::error!(operation = %inner.operation, shared = %error, local = %local_error, "degraded local limiter failed too");
+                        Err(())
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn record(inner: &Inner, outcome: &Result<Decision, Error>, started: Instant) {
+    let (result, enforcement) = match outcome {
+        Ok(d) => (
+            if d.allowed { "allowed" } else { "denied" },
+            d.enforcement.as_str(),
+        ),
+        Err(Error::Invalid(_)) => ("invalid", "none"),
+        Err(_) => ("unavailable", "none"),
+    };
+    metrics::counter!(
+        "tollgate_decisions_total",
+        "operation" => inner.operation.to_string(),
+        "outcome" => result,
+        "enforcement" => enforcement
+    )
+    .increment(1);
+    metrics::histogram!("tollgate_decision_seconds", "operation" => inner.operation.to_string())
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// The policy one of `n` instances enforces locally: limits divided by `n` (at least 1).
+fn scale_down(policy: &Policy, n: u64) -> Policy {
+    if n <= 1 {
+        return *policy;
+    }
+    let scaled = match policy.algorithm() {
+        Algorithm::TokenBucket(tb) => {
+            let period = tb
+                .refill
+                .period()
+                .checked_mul(u32::try_from(n).unwrap_or(u32::MAX));
+            period.and_then(|p| {
+                Policy::token_bucket((tb.capacity / n).max(1), Rate::new(tb.refill.tokens(), p))
+                    .ok()
+            })
+        }
+        Algorithm::FixedWindow(fw) => Policy::fixed_window(
+            (fw.limit / n).max(1),
+            Duration::from_micros(fw.window_micros),
+        )
+        .ok(),
+        Algorithm::SlidingLog(sl) => Policy::sliding_log(
+            (sl.limit / n).max(1),
+            Duration::from_micros(sl.window_micros),
+        )
+        .ok(),
+        _ => None,
+    };
+    scaled.map_or(*policy, |p| p.with_generation(policy.generation()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_requires_an_explicit_failure_mode() {
+        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+        let err = Limiter::builder("op", policy)
+            .store(Arc::new(LocalStore::new()))
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    }
+
+    #[test]
+    fn degraded_policy_divides_the_quota() {
+        let p = Policy::token_bucket(100, Rate::per_second(10)).unwrap();
+        let s = scale_down(&p, 4);
+        assert_eq!(s.limit(), 25);
+        let Algorithm::TokenBucket(tb) = s.algorithm() else {
+            unreachable!()
+        };
+        assert!((tb.refill.as_per_second() - 2.5).abs() < 1e-9);
+    }
+
+    #[tokio::test]
+    async fn cost_above_capacity_is_invalid_not_a_denial() {
+        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+        let limiter = Limiter::builder("op", policy)
+            .store(Arc::new(LocalStore::new()))
+            .failure_mode(FailureMode::Closed)
+            .build()
+            .unwrap();
+        let err = limiter.check(["a"], 11).await.unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Invalid(StoreError::InvalidPolicy(
+                PolicyError::CostAboveCapacity { .. }
+            ))
+        ));
+    }
+}
