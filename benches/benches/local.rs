@@ -1,0 +1,214 @@
+//! `LocalStore` against governor's keyed limiter, in the same criterion run: one hot key and
+//! 100,000 keys (pre-built, visited round-robin), on one thread and on two threads sharing one
+//! limiter. Each group holds both limiters under the same scenario, so ratios within a group
+//! are what count on a noisy machine.
+//!
+//! Policies are equivalent: a token bucket of capacity C refilled at R/s is governor's
+//! `Quota::per_second(R).allow_burst(C)` (GCRA is the same algorithm). Both use their default
+//! clock and hasher, as a user would: the system clock and foldhash for `LocalStore`, quanta
+//! and SipHash for governor.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate_core::{Key, Policy, Rate};
+use tollgate_local::LocalStore;
+
+/// A keyed limiter under test: one decision for `key`, true when admitted.
+trait Limiter: Send + Sync + 'static {
+    fn check(&self, key: &Key) -> bool;
+}
+
+struct Tollgate {
+    store: LocalStore,
+    policy: Policy,
+}
+
+impl Limiter for Tollgate {
+    fn check(&self, key: &Key) -> bool {
+        self.store
+            .acquire_now(key, &self.policy, 1)
+            .unwrap()
+            .allowed
+    }
+}
+
+struct Governor(DefaultKeyedRateLimiter<Key>);
+
+impl Limiter for Governor {
+    fn check(&self, key: &Key) -> bool {
+        self.0.check_key(key).is_ok()
+    }
+}
+
+/// One scenario's policy in both forms.
+#[derive(Clone, Copy)]
+struct Scenario {
+    name: &'static str,
+    capacity: u32,
+    /// Refill: `tokens` every `period`.
+    tokens: u32,
+    period: Duration,
+}
+
+impl Scenario {
+    fn tollgate(self) -> Tollgate {
+        let rate = Rate::new(u64::from(self.tokens), self.period);
+        let policy = Policy::token_bucket(u64::from(self.capacity), rate).unwrap();
+        Tollgate {
+            store: LocalStore::new(),
+            policy,
+        }
+    }
+
+    fn governor(self) -> Governor {
+        let burst = NonZeroU32::new(self.capacity).unwrap();
+        let quota = Quota::with_period(self.period / self.tokens)
+            .unwrap()
+            .allow_burst(burst);
+        Governor(RateLimiter::keyed(quota))
+    }
+}
+
+/// Generous: both admit everything, even a hot key (a token per nanosecond). A bucket is full
+/// again right after a call, so `LocalStore` expires and sweeps idle keys between two visits of
+/// 100,000 keys while governor keeps them.
+const GENEROUS: Scenario = Scenario {
+    name: "allow",
+    capacity: 1_000_000,
+    tokens: 1_000_000_000,
+    period: Duration::from_secs(1),
+};
+
+/// Generous with slow refill: still all admitted, but no bucket is full (so none expires)
+/// between two visits: the same resident work for both limiters with 100,000 keys.
+const GENEROUS_SLOW: Scenario = Scenario {
+    name: "allow_resident",
+    capacity: 1_000_000,
+    tokens: 1,
+    period: Duration::from_secs(1),
+};
+
+/// The brief's equivalence: capacity 1M refilled at 1M/s, i.e.
+/// `Quota::per_second(1_000_000).allow_burst(1_000_000)`. A hot key drains its burst within
+/// the warm-up and then admits one call per microsecond refill: mostly denials.
+const BRIEF: Scenario = Scenario {
+    name: "1M_per_s",
+    capacity: 1_000_000,
+    tokens: 1_000_000,
+    period: Duration::from_secs(1),
+};
+
+/// Mostly denying: one request an hour.
+const DENYING: Scenario = Scenario {
+    name: "deny",
+    capacity: 1,
+    tokens: 1,
+    period: Duration::from_secs(3600),
+};
+
+fn keys(n: usize) -> Arc<Vec<Key>> {
+    Arc::new(
+        (0..n)
+            .map(|i| Key::new("bench", [i.to_string()]).unwrap())
+            .collect(),
+    )
+}
+
+/// Runs `limiter` round-robin over `keys` on `threads` threads; criterion's time per iteration
+/// is wall time per decision (the threads' decisions summed).
+fn bench<L: Limiter>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    limiter: L,
+    keys: &Arc<Vec<Key>>,
+    threads: usize,
+) {
+    let limiter = Arc::new(limiter);
+    let n = keys.len();
+    // Touch every key once so the measurement sees resident state, not first inserts.
+    for k in keys.iter() {
+        black_box(limiter.check(k));
+    }
+    // Equal work needs equal decisions: report the share admitted in a short run.
+    let sample = 200_000;
+    let admitted = (0..sample).filter(|i| limiter.check(&keys[i % n])).count();
+    eprintln!(
+        "{name}: {:.1}% admitted of {sample} calls",
+        admitted as f64 * 100.0 / sample as f64
+    );
+    if threads == 1 {
+        let mut i = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let admitted = limiter.check(black_box(&keys[i]));
+                i += 1;
+                if i == n {
+                    i = 0;
+                }
+                admitted
+            });
+        });
+        return;
+    }
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let iters = iters as usize;
+            let start = Instant::now();
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (limiter, keys) = (Arc::clone(&limiter), Arc::clone(keys));
+                    let ops = iters / threads + usize::from(t < iters % threads);
+                    thread::spawn(move || {
+                        let mut i = t * n / threads;
+                        for _ in 0..ops {
+                            black_box(limiter.check(&keys[i]));
+                            i += 1;
+                            if i == n {
+                                i = 0;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            start.elapsed()
+        });
+    });
+}
+
+fn scenario(c: &mut Criterion, s: Scenario, key_counts: &[usize]) {
+    for &n in key_counts {
+        let keys = keys(n);
+        let label = if n == 1 {
+            "1key".to_owned()
+        } else {
+            format!("{n}keys")
+        };
+        for threads in [1, 2] {
+            let mut group = c.benchmark_group(format!("local/{}/{label}/{threads}thread", s.name));
+            group.throughput(Throughput::Elements(1));
+            bench(&mut group, "tollgate", s.tollgate(), &keys, threads);
+            bench(&mut group, "governor", s.governor(), &keys, threads);
+            group.finish();
+        }
+    }
+}
+
+fn local(c: &mut Criterion) {
+    scenario(c, GENEROUS, &[1, 100_000]);
+    scenario(c, GENEROUS_SLOW, &[100_000]);
+    scenario(c, BRIEF, &[1]);
+    scenario(c, DENYING, &[1, 100_000]);
+}
+
+criterion_group!(benches, local);
+criterion_main!(benches);
