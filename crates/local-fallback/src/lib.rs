@@ -21,8 +21,9 @@
 //! conformance suite in `tollgate-testkit`. Buckets are keyed by [`Key`] alone: a policy
 //! passed to [`Store::reset`](tollgate_core::Store::reset) does not select among buckets.
 //!
-//! Time comes from a [`Clock`](tollgate_core::Clock): [`SystemClock`](tollgate_core::SystemClock)
-//! by default, a [`ManualClock`](tollgate_core::ManualClock) in tests.
+//! Time comes from a [`Clock`](tollgate_core::Clock): [`MonotonicClock`](tollgate_core::MonotonicClock)
+//! (wall time advanced by a fast monotonic counter) by default, a
+//! [`ManualClock`](tollgate_core::ManualClock) in tests.
 //!
 //! ```
 //! use std::time::Duration;

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tollgate_core::algorithm;
-use tollgate_core::{Acquire, Clock, Decision, Key, Policy, Store, StoreError, SystemClock};
+use tollgate_core::{Acquire, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError};
 
 use crate::bucket::Bucket;
 
@@ -53,7 +53,7 @@ pub const CAP_SWEEP_GAP_MS: u64 = 100;
 /// assert!(store.acquire_now(&key, &policy, 1).unwrap().allowed);
 /// assert_eq!(store.len(), 1);
 /// ```
-pub struct LocalStore<C = SystemClock> {
+pub struct LocalStore<C = MonotonicClock> {
     /// foldhash rather than SipHash: it halves the cost of a hot-key decision, and its
     /// per-map random seed still keeps user-chosen keys from being aimed at one bucket chain.
     map: DashMap<Key, Bucket, foldhash::fast::RandomState>,
@@ -74,13 +74,13 @@ pub struct LocalStore<C = SystemClock> {
 /// Options for a [`LocalStore`]; start from [`LocalStore::builder`].
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct LocalStoreBuilder<C = SystemClock> {
+pub struct LocalStoreBuilder<C = MonotonicClock> {
     clock: C,
     max_keys: usize,
     sweep_every: usize,
 }
 
-impl LocalStore<SystemClock> {
+impl LocalStore<MonotonicClock> {
     /// A store on the system clock with default options.
     pub fn new() -> Self {
         Self::builder().build()
@@ -88,16 +88,16 @@ impl LocalStore<SystemClock> {
 
     /// Options for a store, starting from the defaults (system clock,
     /// [`DEFAULT_MAX_KEYS`], [`DEFAULT_SWEEP_EVERY`]).
-    pub fn builder() -> LocalStoreBuilder<SystemClock> {
+    pub fn builder() -> LocalStoreBuilder<MonotonicClock> {
         LocalStoreBuilder {
-            clock: SystemClock,
+            clock: MonotonicClock::new(),
             max_keys: DEFAULT_MAX_KEYS,
             sweep_every: DEFAULT_SWEEP_EVERY,
         }
     }
 }
 
-impl Default for LocalStore<SystemClock> {
+impl Default for LocalStore<MonotonicClock> {
     fn default() -> Self {
         Self::new()
     }
