@@ -15,6 +15,22 @@
 //! | empty / missing / unparsable | real time                  |
 //!
 //! Monotonic clocks are never shifted, so Redis's event loop and timers keep running.
+//!
+//! # What moves with the clock (Redis 7.0, pinned by `tests/server.rs`)
+//!
+//! - `TIME` and `redis.call('TIME')` in scripts: exactly the frozen instant, or real time
+//!   plus the offset.
+//! - Key expiry (TTLs are absolute wall-clock deadlines): advancing past a deadline expires the
+//!   key on its next access. Once a key is deleted, rewinding does not bring it back; but
+//!   whether Redis's background expiry cycle deleted it *before* a rewind is a race, so a test
+//!   should read a key after advancing if it needs it gone.
+//! - Anything else Redis times on the wall clock: blocking-command timeouts (`BLPOP k 0.05`
+//!   never times out while the clock is frozen; advancing releases it), `WAIT`, client idle
+//!   `timeout`, and replication and Sentinel timeouts. Freeze a primary, replica or sentinel
+//!   only when the test means to stall those too; an offset keeps them running.
+//!
+//! The shim re-reads the control file (three syscalls) on every wall-clock read, and sends
+//! monotonic reads through `syscall()` rather than the vDSO: fine for tests, not for benchmarks.
 
 use std::fmt;
 use std::fs;
@@ -208,7 +224,9 @@ impl ServerClock {
                     _ => 0,
                 };
                 let nanos = i64::try_from(i128::from(current) + delta_nanos).unwrap_or_else(|_| {
-                    panic!("clock offset {current} ns moved by {delta_nanos} ns leaves the i64 range")
+                    panic!(
+                        "clock offset {current} ns moved by {delta_nanos} ns leaves the i64 range"
+                    )
                 });
                 ClockMode::Offset { nanos }
             }
@@ -294,7 +312,12 @@ mod tests {
         let clock = ServerClock::new();
         clock.advance(Duration::from_secs(3));
         clock.rewind(Duration::from_secs(5));
-        assert_eq!(clock.mode(), ClockMode::Offset { nanos: -2_000_000_000 });
+        assert_eq!(
+            clock.mode(),
+            ClockMode::Offset {
+                nanos: -2_000_000_000
+            }
+        );
         assert_eq!(
             fs::read_to_string(clock.control_file()).unwrap(),
             "-2000000000\n"

@@ -279,7 +279,10 @@ impl RedisServer {
             self.kill();
             return;
         }
-        if let Ok(mut conn) = self.client().get_connection_with_timeout(Duration::from_secs(1)) {
+        if let Ok(mut conn) = self
+            .client()
+            .get_connection_with_timeout(Duration::from_secs(1))
+        {
             let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
             // The server closes the connection instead of replying.
             let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut conn);
@@ -506,10 +509,13 @@ fn wait_for_state(pid: u32, stopped: bool) {
         let state = stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.trim_start().chars().next());
-        if matches!(state, Some('T' | 't')) == stopped {
-            return;
+        if matches!(state, Some('T' | 't')) == stopped || matches!(state, Some('Z' | 'X')) {
+            return; // done, or the process already exited: nothing left to wait for
         }
         thread::sleep(Duration::from_millis(1));
     }
-    panic!("process {pid} did not become {} within 5 s", if stopped { "stopped" } else { "running" });
+    panic!(
+        "process {pid} did not become {} within 5 s",
+        if stopped { "stopped" } else { "running" }
+    );
 }

@@ -71,12 +71,18 @@ fn frozen_clock_pins_time_and_time_inside_scripts() {
     server.clock().advance(HOUR);
     let hour_micros = HOUR.as_micros() as u64;
     assert_eq!(redis_time_micros(&mut conn), FROZEN_AT_MICROS + hour_micros);
-    assert_eq!(script_time_micros(&mut conn), FROZEN_AT_MICROS + hour_micros);
+    assert_eq!(
+        script_time_micros(&mut conn),
+        FROZEN_AT_MICROS + hour_micros
+    );
 
     server.clock().rewind(HOUR);
     server.clock().rewind(HOUR);
     assert_eq!(redis_time_micros(&mut conn), FROZEN_AT_MICROS - hour_micros);
-    assert_eq!(script_time_micros(&mut conn), FROZEN_AT_MICROS - hour_micros);
+    assert_eq!(
+        script_time_micros(&mut conn),
+        FROZEN_AT_MICROS - hour_micros
+    );
 }
 
 #[test]
@@ -115,7 +121,8 @@ fn blocking_timeouts_wait_for_the_frozen_clock_to_move() {
             let mut conn = client
                 .get_connection_with_timeout(Duration::from_secs(5))
                 .unwrap();
-            conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
             redis::cmd("BLPOP")
                 .arg("nothing")
                 .arg(0.05)
@@ -138,7 +145,11 @@ fn blocking_timeouts_wait_for_the_frozen_clock_to_move() {
     // Far past the 50 ms timeout in real time, the client is still blocked.
     let watch_until = Instant::now() + Duration::from_millis(300);
     while Instant::now() < watch_until {
-        assert_eq!(blocked_clients(&mut conn), "1", "BLPOP timed out under a frozen clock");
+        assert_eq!(
+            blocked_clients(&mut conn),
+            "1",
+            "BLPOP timed out under a frozen clock"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(!handle.is_finished());
@@ -170,14 +181,20 @@ fn key_expiry_follows_the_moved_clock_and_rewinding_does_not_resurrect() {
 
     server.clock().advance(Duration::from_secs(2));
     let v: Option<String> = conn.get("k").unwrap();
-    assert_eq!(v, None, "expired 1 s after its deadline (lazy expiry on access)");
+    assert_eq!(
+        v, None,
+        "expired 1 s after its deadline (lazy expiry on access)"
+    );
     assert_eq!(conn.exists::<_, u64>("k").unwrap(), 0);
     let dbsize: u64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
     assert_eq!(dbsize, 0);
 
     server.clock().rewind(Duration::from_secs(61));
     let v: Option<String> = conn.get("k").unwrap();
-    assert_eq!(v, None, "an expired key stays deleted when the clock steps back");
+    assert_eq!(
+        v, None,
+        "an expired key stays deleted when the clock steps back"
+    );
 }
 
 #[test]
@@ -189,7 +206,10 @@ fn offset_clock_runs_at_real_time_plus_the_offset() {
     server.clock().set_offset(HOUR.as_nanos() as i64);
     let ahead = redis_time_micros(&mut conn);
     let expected = real_now_micros() + HOUR.as_micros() as u64;
-    assert!(ahead.abs_diff(expected) < tolerance, "{ahead} vs {expected}");
+    assert!(
+        ahead.abs_diff(expected) < tolerance,
+        "{ahead} vs {expected}"
+    );
     assert!(script_time_micros(&mut conn).abs_diff(expected) < tolerance);
     assert!(server.clock().now_micros().abs_diff(ahead) < tolerance);
 
@@ -202,7 +222,10 @@ fn offset_clock_runs_at_real_time_plus_the_offset() {
     );
     let behind = redis_time_micros(&mut conn);
     let expected = real_now_micros() - 2 * HOUR.as_micros() as u64;
-    assert!(behind.abs_diff(expected) < tolerance, "{behind} vs {expected}");
+    assert!(
+        behind.abs_diff(expected) < tolerance,
+        "{behind} vs {expected}"
+    );
 
     server.clock().use_real_time();
     let real = redis_time_micros(&mut conn);
@@ -281,7 +304,11 @@ fn stop_is_graceful_and_restart_follows() {
     server.stop();
     assert!(!server.is_running());
     assert!(server.pid().is_none());
-    assert!(server.log_contents().contains("ready to exit"), "{}", server.log_contents());
+    assert!(
+        server.log_contents().contains("ready to exit"),
+        "{}",
+        server.log_contents()
+    );
     server.restart();
     let pong: String = redis::cmd("PING").query(&mut connect(&server)).unwrap();
     assert_eq!(pong, "PONG");
@@ -291,7 +318,8 @@ fn stop_is_graceful_and_restart_follows() {
 fn paused_server_times_out_and_answers_after_resume() {
     let mut server = RedisServer::start();
     let mut conn = connect(&server);
-    conn.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
 
     server.pause();
     assert!(server.is_paused());
@@ -317,7 +345,11 @@ fn script_flush_makes_evalsha_report_noscript() {
         .arg("return 42")
         .query(&mut conn)
         .unwrap();
-    let answer: i64 = redis::cmd("EVALSHA").arg(&sha).arg(0).query(&mut conn).unwrap();
+    let answer: i64 = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(0)
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(answer, 42);
 
     server.script_flush();
