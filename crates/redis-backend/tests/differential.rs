@@ -211,7 +211,11 @@ impl Differential {
                     state,
                     "{ctx}: stored state"
                 );
-                assert_eq!(pttl, (*exp - self.now / 1000) as i64, "{ctx}: PTTL");
+                assert_eq!(
+                    pttl,
+                    i64::try_from(*exp - self.now / 1000).unwrap(),
+                    "{ctx}: PTTL"
+                );
             }
             (raw, expected) => panic!(
                 "op {} at {}: {rkey}: Redis holds {raw:?}, the model {expected:?}",

@@ -634,3 +634,42 @@ async fn memory_usage_per_idle_key_is_small() {
     assert!(tb_bytes <= 112 && fw_bytes <= 112 && sl1_bytes <= 112);
     assert!(sl100_len == 1600 && sl100_bytes <= 2 * 1600);
 }
+
+#[tokio::test]
+async fn urls_with_user_and_password_authenticate() {
+    let server = Server::start();
+    let () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "limiter",
+            "on",
+            ">s3cret",
+            "~tollgate:*",
+            "+evalsha",
+            "+eval",
+            "+script|load",
+            "+del",
+            "+get",
+            "+set",
+            "+time",
+            "+ping",
+            "+client",
+        ])
+        .query(&mut server.conn())
+        .unwrap();
+    let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port());
+    let p = Policy::fixed_window(2, HOUR).unwrap();
+    for store in [
+        RedisStore::builder(url.clone()).build().await.unwrap(),
+        RedisStore::builder(url.clone())
+            .pool(2)
+            .build()
+            .await
+            .unwrap(),
+    ] {
+        assert!(store.acquire(&key("acl"), &p, 1).await.unwrap().allowed);
+    }
+    let bad = format!("redis://limiter:wrong@127.0.0.1:{}", server.port());
+    assert!(RedisStore::builder(bad.clone()).build().await.is_err());
+    assert!(RedisStore::builder(bad).pool(1).build().await.is_err());
+}

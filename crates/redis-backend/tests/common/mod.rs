@@ -19,16 +19,21 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Self {
-        Self::start_inner(false)
+        Self::start_inner(false, &[])
+    }
+
+    /// A server started with extra command-line arguments.
+    pub fn start_with_args(args: &[String]) -> Self {
+        Self::start_inner(false, args)
     }
 
     /// A server whose wall clock (TIME, TIME in scripts, key expiry) the test sets with
     /// [`Server::set_time`], through an LD_PRELOAD clock shim.
     pub fn start_with_clock() -> Self {
-        Self::start_inner(true)
+        Self::start_inner(true, &[])
     }
 
-    fn start_inner(clock: bool) -> Self {
+    fn start_inner(clock: bool, extra: &[String]) -> Self {
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = TcpListener::bind("127.0.0.1:0")
@@ -41,6 +46,7 @@ impl Server {
                 .args(["--save", "", "--appendonly", "no"])
                 .arg("--dir")
                 .arg(dir.path())
+                .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
             let clock_file = clock.then(|| {
@@ -152,4 +158,13 @@ fn build_shim(dir: &Path) -> PathBuf {
         .expect("cc");
     assert!(status.success(), "building the clock shim failed");
     out
+}
+
+/// A free loopback port (free when asked; a server binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
