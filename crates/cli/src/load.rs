@@ -47,6 +47,10 @@ pub(crate) struct LoadArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// After the run, run `redis-benchmark` with the same script, arguments, key shape and
+    /// concurrency on the same server (pipeline 1 and 16) and report tollgate's ratio to it.
+    #[arg(long, requires = "redis")]
+    compare_redis_benchmark: bool,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -80,6 +84,9 @@ pub(crate) struct Summary {
     /// store every instance has its own quota, so the fleet may admit `instances` times this.
     quota_bound_per_store: u64,
     first_error: Option<String>,
+    /// redis-benchmark on the same script and server, when asked for.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    redis_benchmark: Vec<crate::compare::Ceiling>,
 }
 
 #[derive(Debug, Serialize)]
@@ -225,7 +232,24 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         },
         quota_bound_per_store: bucket_bound(&args.policy, elapsed).saturating_mul(args.keys as u64),
         first_error: first_error.lock().expect("poisoned").clone(),
+        redis_benchmark: Vec::new(),
     };
+    let mut summary = summary;
+    if args.compare_redis_benchmark
+        && let Some(url) = &args.store.redis
+    {
+        summary.redis_benchmark = crate::compare::run(
+            url,
+            &args.store.prefix,
+            &args.policy,
+            args.cost,
+            args.keys,
+            args.instances * args.tasks,
+            requests.max(10_000),
+            summary.decisions_per_sec,
+        )
+        .await?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -280,5 +304,11 @@ fn print_human(s: &Summary) {
     );
     if let Some(e) = &s.first_error {
         println!("first error {e}");
+    }
+    for c in &s.redis_benchmark {
+        println!(
+            "ceiling     redis-benchmark same script -c {} -P {}: {:.0} req/s; tollgate/ceiling = {:.2}",
+            c.clients, c.pipeline, c.requests_per_sec, c.tollgate_ratio
+        );
     }
 }

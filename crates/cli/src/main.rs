@@ -1,6 +1,7 @@
 //! The `tollgate` command: check one decision, run a bounded load from several simulated
 //! instances, serve a demo.
 
+mod compare;
 mod load;
 
 use std::sync::Arc;
