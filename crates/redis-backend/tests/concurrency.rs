@@ -197,3 +197,35 @@ async fn sliding_log_admits_exactly_the_limit_per_window() {
     let run = hammer(&server, &keys(8, "sl-many"), policy).await;
     check_reachable("sliding log, 8 keys", &run, 40);
 }
+
+/// With Redis's clock frozen for the run, a live refill rate cannot add anything: the bound
+/// is exactly the capacity or limit, whatever the policy's rate or window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_frozen_clock_every_algorithm_admits_exactly_its_limit() {
+    let server = Server::start_with_clock();
+    server.set_time(1_700_000_000_500_000);
+    let policies = [
+        (
+            "token bucket",
+            Policy::token_bucket(120, Rate::per_second(1000)).unwrap(),
+            120,
+        ),
+        (
+            "fixed window",
+            Policy::fixed_window(90, Duration::from_secs(1)).unwrap(),
+            90,
+        ),
+        (
+            "sliding log",
+            Policy::sliding_log(70, Duration::from_millis(10)).unwrap(),
+            70,
+        ),
+    ];
+    for (name, policy, bound) in policies {
+        let run = hammer(&server, &keys(1, name), policy).await;
+        assert_eq!(run.start_us, run.end_us, "the clock stayed frozen");
+        check_reachable(&format!("{name}, frozen clock, one key"), &run, bound);
+        let run = hammer(&server, &keys(6, &format!("{name}-many")), policy).await;
+        check_reachable(&format!("{name}, frozen clock, 6 keys"), &run, bound);
+    }
+}

@@ -1,0 +1,92 @@
+//! Server restarts and stalls: the store reports them as unavailable or timed out (never as a
+//! script error), reconnects, and absorbs the NOSCRIPT of the restarted server's empty cache.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Server;
+use tollgate_core::{ErrorClass, Key, Policy, Rate, Store, StoreError};
+use tollgate_redis::RedisStore;
+
+/// Calls until one succeeds (at most 40 tries, 50 ms apart); every failure on the way must be
+/// an outage, never a script error.
+async fn until_ok(store: &RedisStore, key: &Key, policy: &Policy) -> (u64, u32) {
+    for attempt in 0..40 {
+        match store.acquire(key, policy, 1).await {
+            Ok(d) => return (d.remaining, attempt),
+            Err(e) => {
+                assert_eq!(e.class(), ErrorClass::Unavailable, "{e:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    panic!("the store did not recover within 2 s");
+}
+
+async fn survives_restart(pooled: bool) {
+    let mut server = Server::start();
+    let store = if pooled {
+        server.pooled(3).await
+    } else {
+        server.multiplexed().await
+    };
+    let p = Policy::token_bucket(5, Rate::per_minute(1)).unwrap();
+    let k = Key::global("restart");
+    assert_eq!(store.acquire(&k, &p, 1).await.unwrap().remaining, 4);
+    server.0.restart();
+    let (remaining, failures) = until_ok(&store, &k, &p).await;
+    assert_eq!(
+        remaining, 4,
+        "the restarted server is empty: a fresh bucket"
+    );
+    eprintln!("pooled={pooled}: recovered after {failures} unavailable call(s)");
+    for _ in 0..5 {
+        store.acquire(&k, &p, 0).await.unwrap_err(); // invalid, never sent
+    }
+    assert_eq!(store.acquire(&k, &p, 1).await.unwrap().remaining, 3);
+}
+
+#[tokio::test]
+async fn multiplexed_store_reconnects_and_reloads_scripts_after_a_restart() {
+    survives_restart(false).await;
+}
+
+#[tokio::test]
+async fn pooled_store_replaces_broken_connections_and_reloads_scripts_after_a_restart() {
+    survives_restart(true).await;
+}
+
+#[tokio::test]
+async fn a_paused_server_times_out_then_serves_again() {
+    let mut server = Server::start();
+    let timeout = Duration::from_millis(150);
+    let stores = [
+        RedisStore::builder(server.url())
+            .timeout(timeout)
+            .build()
+            .await
+            .unwrap(),
+        RedisStore::builder(server.url())
+            .timeout(timeout)
+            .pool(2)
+            .build()
+            .await
+            .unwrap(),
+    ];
+    let p = Policy::fixed_window(100, Duration::from_secs(3600)).unwrap();
+    let k = Key::global("pause");
+    server.0.pause();
+    for s in &stores {
+        let err = s.acquire(&k, &p, 1).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Timeout(d) if d == timeout),
+            "{err:?}"
+        );
+        assert_eq!(err.class(), ErrorClass::Unavailable);
+    }
+    server.0.resume();
+    for s in &stores {
+        until_ok(s, &k, &p).await;
+    }
+}
