@@ -57,8 +57,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The deadline of each store call, including a NOSCRIPT reload (default
-    /// [`DEFAULT_TIMEOUT`]). A call that misses it fails with [`StoreError::Timeout`].
+    /// The deadline of each store call, including a NOSCRIPT reload and a pool checkout
+    /// (default [`DEFAULT_TIMEOUT`]). A call that misses it fails with
+    /// [`StoreError::Timeout`]. A timed-out call may still be applied by the server later (the
+    /// command was sent); the store never retries it, so it is applied at most once.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

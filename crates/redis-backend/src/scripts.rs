@@ -16,7 +16,7 @@
 use std::fmt;
 use std::sync::LazyLock;
 
-use tollgate_core::{Algorithm, Policy};
+use tollgate_core::{Algorithm, Policy, StoreError};
 
 /// One algorithm's script: its source and the SHA1 that `EVALSHA` calls it by.
 #[derive(Debug)]
@@ -84,23 +84,23 @@ pub fn all() -> &'static [Script; 3] {
     &SCRIPTS
 }
 
-/// The script that implements `policy`'s algorithm.
+/// The script that implements `policy`'s algorithm; `None` for an algorithm this version has
+/// no script for (`Algorithm` is non-exhaustive).
 ///
 /// ```
 /// use std::time::Duration;
 /// use tollgate_core::Policy;
 /// let p = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
-/// let script = tollgate_redis::scripts::for_policy(&p);
+/// let script = tollgate_redis::scripts::for_policy(&p).unwrap();
 /// assert_eq!(script.name(), "fixed_window");
 /// assert_eq!(script.sha().len(), 40);
 /// ```
-pub fn for_policy(policy: &Policy) -> &'static Script {
+pub fn for_policy(policy: &Policy) -> Option<&'static Script> {
     match policy.algorithm() {
-        Algorithm::TokenBucket(_) => &SCRIPTS[0],
-        Algorithm::FixedWindow(_) => &SCRIPTS[1],
-        Algorithm::SlidingLog(_) => &SCRIPTS[2],
-        // `Algorithm` is non-exhaustive; a new algorithm needs its own script here first.
-        other => unreachable!("no Redis script for algorithm {}", other.name()),
+        Algorithm::TokenBucket(_) => Some(&SCRIPTS[0]),
+        Algorithm::FixedWindow(_) => Some(&SCRIPTS[1]),
+        Algorithm::SlidingLog(_) => Some(&SCRIPTS[2]),
+        _ => None,
     }
 }
 
@@ -110,11 +110,12 @@ pub fn for_policy(policy: &Policy) -> &'static Script {
 /// use std::time::Duration;
 /// use tollgate_core::{Policy, Rate};
 /// let p = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
-/// assert_eq!(tollgate_redis::scripts::args(&p, 3, true).as_slice(), &[10, 500_000, 1, 0, 3, 1]);
+/// let args = tollgate_redis::scripts::args(&p, 3, true).unwrap();
+/// assert_eq!(args.as_slice(), &[10, 500_000, 1, 0, 3, 1]);
 /// ```
-pub fn args(policy: &Policy, cost: u64, commit: bool) -> Args {
+pub fn args(policy: &Policy, cost: u64, commit: bool) -> Option<Args> {
     let commit = u64::from(commit);
-    match policy.algorithm() {
+    Some(match policy.algorithm() {
         Algorithm::TokenBucket(tb) => Args::new(&[
             tb.capacity,
             tb.unit,
@@ -125,8 +126,16 @@ pub fn args(policy: &Policy, cost: u64, commit: bool) -> Args {
         ]),
         Algorithm::FixedWindow(fw) => Args::new(&[fw.limit, fw.window_micros, cost, commit]),
         Algorithm::SlidingLog(sl) => Args::new(&[sl.limit, sl.window_micros, cost, commit]),
-        other => unreachable!("no Redis script for algorithm {}", other.name()),
-    }
+        _ => return None,
+    })
+}
+
+/// The error for a policy whose algorithm has no script here.
+pub(crate) fn unsupported(policy: &Policy) -> StoreError {
+    StoreError::Script(format!(
+        "the Redis store has no script for algorithm {}",
+        policy.algorithm().name()
+    ))
 }
 
 /// A script's integer arguments, held inline (no allocation).
@@ -203,18 +212,20 @@ impl<'a> Invocation<'a> {
         policy: &Policy,
         cost: u64,
         commit: bool,
-    ) -> Self {
-        let script = for_policy(policy);
-        Self {
+    ) -> Result<Self, StoreError> {
+        let (Some(script), Some(args)) = (for_policy(policy), args(policy, cost, commit)) else {
+            return Err(unsupported(policy));
+        };
+        Ok(Self {
             script,
             key: BucketKey {
                 prefix,
                 key,
                 suffix: script.suffix,
             },
-            args: args(policy, cost, commit),
+            args,
             limit: policy.limit(),
-        }
+        })
     }
 
     pub(crate) fn cmd(&self, call: Call) -> redis::Cmd {
@@ -266,17 +277,17 @@ mod tests {
             .with_max_elapsed(Duration::from_secs(2))
             .unwrap();
         assert_eq!(
-            args(&p, 2, false).as_slice(),
+            args(&p, 2, false).unwrap().as_slice(),
             &[7, 3_000_000, 7, 2_000_000, 2, 0]
         );
         let p = Policy::sliding_log(5, Duration::from_millis(1500)).unwrap();
-        assert_eq!(args(&p, 5, true).as_slice(), &[5, 1_500_000, 5, 1]);
+        assert_eq!(args(&p, 5, true).unwrap().as_slice(), &[5, 1_500_000, 5, 1]);
     }
 
     #[test]
     fn evalsha_and_eval_commands_share_keys_and_args() {
         let p = Policy::fixed_window(3, Duration::from_secs(1)).unwrap();
-        let inv = Invocation::new("t:", "k", &p, 1, true);
+        let inv = Invocation::new("t:", "k", &p, 1, true).unwrap();
         let sha = String::from_utf8(inv.cmd(Call::EvalSha).get_packed_command()).unwrap();
         assert!(sha.contains(all()[1].sha()));
         assert!(

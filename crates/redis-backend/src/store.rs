@@ -25,6 +25,14 @@ use crate::scripts::{self, BucketKey, Call, Invocation};
 ///
 /// Cloning is cheap; clones share the connection.
 ///
+/// With Redis ACLs, the store's user needs `+evalsha +eval +script|load +del` and, inside the
+/// scripts, `+time +get +set`, on the keys `~<prefix>*`.
+///
+/// A dropped connection fails the call in flight (and, on a multiplexed connection, the
+/// calls sent before the reconnect) as [`StoreError::Unavailable`]; the store reconnects by
+/// itself. It never resends a call that may have reached the server, so a decision is applied
+/// at most once.
+///
 /// ```no_run
 /// # async fn demo() -> Result<(), tollgate_core::StoreError> {
 /// use std::time::Duration;
@@ -80,8 +88,13 @@ impl RedisStore {
     /// assert_eq!(store.redis_key(&Key::global("search"), &p), "tollgate:{search}:fw");
     /// # }
     /// ```
+    ///
+    /// # Panics
+    /// If `policy`'s algorithm has no script in this version (`Algorithm` is non-exhaustive).
     pub fn redis_key(&self, key: &Key, policy: &Policy) -> String {
-        self.bucket_key(key, policy).to_string()
+        self.bucket_key(key, policy)
+            .expect("an algorithm with a Redis script")
+            .to_string()
     }
 
     /// The key prefix.
@@ -132,12 +145,17 @@ impl RedisStore {
         Ok(())
     }
 
-    fn bucket_key<'a>(&'a self, key: &'a Key, policy: &Policy) -> BucketKey<'a> {
-        BucketKey {
+    fn bucket_key<'a>(
+        &'a self,
+        key: &'a Key,
+        policy: &Policy,
+    ) -> Result<BucketKey<'a>, StoreError> {
+        let script = scripts::for_policy(policy).ok_or_else(|| scripts::unsupported(policy))?;
+        Ok(BucketKey {
             prefix: &self.inner.prefix,
             key: key.as_str(),
-            suffix: scripts::for_policy(policy).key_suffix(),
-        }
+            suffix: script.key_suffix(),
+        })
     }
 
     async fn deadline<T>(
@@ -157,7 +175,7 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Decision, StoreError> {
         policy.check_cost(cost)?;
-        let inv = Invocation::new(&self.inner.prefix, key.as_str(), policy, cost, commit);
+        let inv = Invocation::new(&self.inner.prefix, key.as_str(), policy, cost, commit)?;
         self.deadline(async {
             let reply = match self.inner.conn.command(&inv.cmd(Call::EvalSha)).await {
                 Err(e) if is_noscript(&e) => self.inner.conn.command(&inv.cmd(Call::Eval)).await,
@@ -172,7 +190,7 @@ impl RedisStore {
         let invs: Vec<Invocation<'_>> = requests
             .iter()
             .map(|r| Invocation::new(&self.inner.prefix, r.key.as_str(), r.policy, r.cost, true))
-            .collect();
+            .collect::<Result<_, _>>()?;
         let mut pipe = Pipeline::with_capacity(invs.len());
         for inv in &invs {
             pipe.add_command(inv.cmd(Call::EvalSha));
@@ -285,7 +303,7 @@ impl Store for RedisStore {
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
         let mut cmd = redis::Cmd::new();
-        cmd.arg("DEL").arg(self.bucket_key(key, policy));
+        cmd.arg("DEL").arg(self.bucket_key(key, policy)?);
         self.deadline(async {
             self.inner
                 .conn
