@@ -84,18 +84,27 @@ pub fn all() -> &'static [Script; 3] {
     &SCRIPTS
 }
 
-/// The script that implements `policy`'s algorithm; `None` for an algorithm this version has
-/// no script for (`Algorithm` is non-exhaustive).
+/// The script that implements `policy`'s algorithm.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tollgate_core::Policy;
 /// let p = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
-/// let script = tollgate_redis::scripts::for_policy(&p).unwrap();
+/// let script = tollgate_redis::scripts::for_policy(&p);
 /// assert_eq!(script.name(), "fixed_window");
 /// assert_eq!(script.sha().len(), 40);
 /// ```
-pub fn for_policy(policy: &Policy) -> Option<&'static Script> {
+///
+/// # Panics
+/// If this version has no script for the policy's algorithm (`Algorithm` is non-exhaustive);
+/// [`try_for_policy`] returns `None` instead.
+pub fn for_policy(policy: &Policy) -> &'static Script {
+    try_for_policy(policy).unwrap_or_else(|| panic!("{}", unsupported(policy)))
+}
+
+/// The script that implements `policy`'s algorithm, or `None` for an algorithm this version
+/// has no script for.
+pub fn try_for_policy(policy: &Policy) -> Option<&'static Script> {
     match policy.algorithm() {
         Algorithm::TokenBucket(_) => Some(&SCRIPTS[0]),
         Algorithm::FixedWindow(_) => Some(&SCRIPTS[1]),
@@ -110,10 +119,17 @@ pub fn for_policy(policy: &Policy) -> Option<&'static Script> {
 /// use std::time::Duration;
 /// use tollgate_core::{Policy, Rate};
 /// let p = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
-/// let args = tollgate_redis::scripts::args(&p, 3, true).unwrap();
-/// assert_eq!(args.as_slice(), &[10, 500_000, 1, 0, 3, 1]);
+/// assert_eq!(tollgate_redis::scripts::args(&p, 3, true).as_slice(), &[10, 500_000, 1, 0, 3, 1]);
 /// ```
-pub fn args(policy: &Policy, cost: u64, commit: bool) -> Option<Args> {
+///
+/// # Panics
+/// As [`for_policy`]; [`try_args`] returns `None` instead.
+pub fn args(policy: &Policy, cost: u64, commit: bool) -> Args {
+    try_args(policy, cost, commit).unwrap_or_else(|| panic!("{}", unsupported(policy)))
+}
+
+/// The script's `ARGV` for one request, or `None` for an algorithm without a script.
+pub fn try_args(policy: &Policy, cost: u64, commit: bool) -> Option<Args> {
     let commit = u64::from(commit);
     Some(match policy.algorithm() {
         Algorithm::TokenBucket(tb) => Args::new(&[
@@ -213,7 +229,8 @@ impl<'a> Invocation<'a> {
         cost: u64,
         commit: bool,
     ) -> Result<Self, StoreError> {
-        let (Some(script), Some(args)) = (for_policy(policy), args(policy, cost, commit)) else {
+        let (Some(script), Some(args)) = (try_for_policy(policy), try_args(policy, cost, commit))
+        else {
             return Err(unsupported(policy));
         };
         Ok(Self {
@@ -277,11 +294,11 @@ mod tests {
             .with_max_elapsed(Duration::from_secs(2))
             .unwrap();
         assert_eq!(
-            args(&p, 2, false).unwrap().as_slice(),
+            args(&p, 2, false).as_slice(),
             &[7, 3_000_000, 7, 2_000_000, 2, 0]
         );
         let p = Policy::sliding_log(5, Duration::from_millis(1500)).unwrap();
-        assert_eq!(args(&p, 5, true).unwrap().as_slice(), &[5, 1_500_000, 5, 1]);
+        assert_eq!(args(&p, 5, true).as_slice(), &[5, 1_500_000, 5, 1]);
     }
 
     #[test]

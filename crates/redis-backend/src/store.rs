@@ -150,7 +150,7 @@ impl RedisStore {
         key: &'a Key,
         policy: &Policy,
     ) -> Result<BucketKey<'a>, StoreError> {
-        let script = scripts::for_policy(policy).ok_or_else(|| scripts::unsupported(policy))?;
+        let script = scripts::try_for_policy(policy).ok_or_else(|| scripts::unsupported(policy))?;
         Ok(BucketKey {
             prefix: &self.inner.prefix,
             key: key.as_str(),

@@ -236,11 +236,7 @@ async fn scripts_validate_every_argument_and_write_nothing() {
             .arg(2)
             .arg("a")
             .arg("b")
-            .arg(
-                scripts::args(&Policy::fixed_window(1, HOUR).unwrap(), 1, true)
-                    .unwrap()
-                    .as_slice(),
-            )
+            .arg(scripts::args(&Policy::fixed_window(1, HOUR).unwrap(), 1, true).as_slice())
             .query::<Value>(&mut conn)
             .unwrap_err();
         assert!(
