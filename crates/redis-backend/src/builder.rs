@@ -80,7 +80,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Uses a bb8 pool of up to `size` connections (at least 1).
+    /// Uses a bb8 pool of up to `size` multiplexed connections (at least 1). Calls take the
+    /// connections in turn and share them (a call holds none while it waits for its reply), so
+    /// a pool spreads load over `size` sockets without ever queueing a call behind another.
     pub fn pool(mut self, size: u32) -> Self {
         self.kind = Kind::Pool(size.max(1));
         self
@@ -114,6 +116,7 @@ impl RedisStoreBuilder {
                     let pool = bb8::Pool::builder()
                         .max_size(size)
                         .test_on_check_out(false)
+                        .queue_strategy(bb8::QueueStrategy::Fifo)
                         .connection_timeout(self.connect_timeout)
                         .build_unchecked(PoolManager(manager));
                     Ok(Conn::Pool(pool))
