@@ -57,7 +57,9 @@ local allowed, retry = 1, -1
 if level >= need then
   level = level - need
 else
-  allowed, retry = 0, (eff - now) + math.ceil((need - level) / rate)
+  local wait = math.ceil((need - level) / rate)
+  if max_elapsed > 0 and wait > max_elapsed then wait = max_elapsed end
+  allowed, retry = 0, (eff - now) + wait
 end
 local reset = (eff - now) + math.ceil((cap - level) / rate)
 

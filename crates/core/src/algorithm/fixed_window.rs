@@ -42,7 +42,8 @@ pub fn apply(
         decision: Decision::shared(
             allowed,
             p.limit,
-            p.limit - count,
+            // A live window counted under a larger, older limit may hold more than this one.
+            p.limit.saturating_sub(count),
             (!allowed).then_some(until_end),
             until_end,
         ),

@@ -56,18 +56,25 @@ pub fn apply(
     let reset_after = newest.map_or(0, |t| t + w - now);
 
     let mut ttl_micros = None;
-    if commit {
+    // Only an admission records its time, so only an admission may prune: pruning on a denial
+    // would forget entries that are live again if the clock steps back (Redis writes nothing
+    // on a denial either).
+    if commit && allowed {
         state.entries.drain(..first_live);
-        if allowed {
-            match state.entries.back_mut() {
-                Some((t, c)) if *t == eff => *c += cost,
-                _ => state.entries.push_back((eff, cost)),
-            }
-            ttl_micros = Some(reset_after);
+        match state.entries.back_mut() {
+            Some((t, c)) if *t == eff => *c += cost,
+            _ => state.entries.push_back((eff, cost)),
         }
+        ttl_micros = Some(reset_after);
     }
     Outcome {
-        decision: Decision::shared(allowed, p.limit, p.limit - sum, retry_after, reset_after),
+        decision: Decision::shared(
+            allowed,
+            p.limit,
+            p.limit.saturating_sub(sum),
+            retry_after,
+            reset_after,
+        ),
         ttl_micros,
     }
 }

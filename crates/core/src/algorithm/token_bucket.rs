@@ -42,7 +42,13 @@ pub fn apply(
     let need = cost * p.unit;
     let allowed = level >= need;
     let level = if allowed { level - need } else { level };
-    let retry_after = (!allowed).then(|| eff + (need - level).div_ceil(p.rate) - now);
+    // With a cap on credited time, one call after a longer wait is credited only the cap: the
+    // retry then points at the next call that moves the bucket, and following retry_after call
+    // after call is admitted at the earliest possible instant.
+    let retry_after = (!allowed).then(|| {
+        let wait = (need - level).div_ceil(p.rate);
+        eff + p.max_elapsed_micros.map_or(wait, |max| wait.min(max)) - now
+    });
     let reset_after = eff + (cap - level).div_ceil(p.rate) - now;
 
     let ttl_micros = commit.then(|| {
