@@ -1,8 +1,12 @@
 //! Test support for tollgate: real `redis-server` processes on free loopback ports (with a
-//! clock the test moves), and the conformance suite that every `Store` must pass.
+//! clock the test moves), Sentinel and Cluster topologies, a fault proxy, and the conformance
+//! suite that every `Store` must pass.
 //!
 //! Nothing here mocks Redis: every backend test talks to a real server.
 
 pub mod clock;
+pub mod cluster;
 pub mod conformance;
+pub mod proxy;
+pub mod sentinel;
 pub mod server;

@@ -51,6 +51,7 @@ pub struct RedisServerBuilder {
     clock: ClockChoice,
     extra_args: Vec<OsString>,
     startup_timeout: Option<Duration>,
+    config_file: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -90,6 +91,15 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Starts the server with a config file holding `contents`, written to `redis.conf` in its
+    /// temp dir and passed as the first argument (command-line arguments still override it).
+    /// The file is writable, as Sentinel and `CONFIG REWRITE` need, and is kept across
+    /// restarts with whatever the server wrote into it.
+    pub fn config_file(mut self, contents: impl Into<String>) -> Self {
+        self.config_file = Some(contents.into());
+        self
+    }
+
     /// How long a start (or restart) may take before it panics; 10 s by default.
     pub fn startup_timeout(mut self, timeout: Duration) -> Self {
         self.startup_timeout = Some(timeout);
@@ -112,6 +122,11 @@ impl RedisServerBuilder {
             .tempdir()
             .expect("failed to create a temp dir for redis-server");
         fs::create_dir(dir.path().join("data")).expect("failed to create the data dir");
+        let config_path = self.config_file.map(|contents| {
+            let path = dir.path().join("redis.conf");
+            fs::write(&path, contents).expect("failed to write redis.conf");
+            path
+        });
         let clock = match self.clock {
             ClockChoice::Real => None,
             ClockChoice::Fresh => Some(ServerClock::new()),
@@ -123,6 +138,7 @@ impl RedisServerBuilder {
             dir,
             clock,
             extra_args: self.extra_args,
+            config_path,
             startup_timeout: self.startup_timeout.unwrap_or(DEFAULT_STARTUP_TIMEOUT),
             paused: false,
         };
@@ -161,6 +177,7 @@ pub struct RedisServer {
     dir: TempDir,
     clock: Option<ServerClock>,
     extra_args: Vec<OsString>,
+    config_path: Option<PathBuf>,
     startup_timeout: Duration,
     paused: bool,
 }
@@ -250,6 +267,12 @@ impl RedisServer {
     /// The private temp dir (data dir and logs); removed on drop.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The config file given with [`RedisServerBuilder::config_file`], as the server last
+    /// rewrote it; `None` without one.
+    pub fn config_path(&self) -> Option<&Path> {
+        self.config_path.as_deref()
     }
 
     /// The server log so far, across restarts (empty if none yet).
@@ -386,7 +409,7 @@ impl RedisServer {
         let clock = self.clock.as_ref();
         let server = redis_test::server::RedisServer::new_with_addr_tls_modules_and_spawner(
             ConnectionAddr::Tcp(HOST.to_owned(), self.port),
-            None,
+            self.config_path.as_deref(),
             None,
             false,
             None,

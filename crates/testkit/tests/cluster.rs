@@ -1,0 +1,145 @@
+//! Pins the Cluster harness against real processes: the cluster forms and spreads slots over
+//! its primaries, `slot_of` agrees with `CLUSTER KEYSLOT`, and a live slot migration moves
+//! keys, answers `ASK` while half done, and stays invisible to a cluster client.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use redis::{Commands, ErrorKind, ServerErrorKind};
+use tollgate_testkit::cluster::RedisCluster;
+
+fn connect(cluster: &RedisCluster, index: usize) -> redis::Connection {
+    let conn = cluster.nodes()[index]
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .expect("connect to a node");
+    conn.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("read timeout");
+    conn
+}
+
+fn cluster_client(cluster: &RedisCluster) -> redis::cluster::ClusterConnection {
+    redis::cluster::ClusterClient::new(cluster.urls())
+        .expect("cluster client")
+        .get_connection()
+        .expect("cluster connection")
+}
+
+#[test]
+fn keys_in_different_slots_land_on_different_nodes() {
+    let cluster = RedisCluster::start(3);
+    assert_eq!(cluster.nodes().len(), 3);
+    let mut client = cluster_client(&cluster);
+
+    let mut owners = HashSet::new();
+    for n in 0..30 {
+        let key = format!("bucket:{n}");
+        let slot = RedisCluster::slot_of(&key);
+        let keyslot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(&mut connect(&cluster, 0))
+            .expect("CLUSTER KEYSLOT");
+        assert_eq!(slot, keyslot, "slot_of({key:?}) disagrees with Redis");
+
+        let _: () = client.set(&key, n).expect("SET via the cluster client");
+        let owner = cluster.node_for_slot(slot);
+        owners.insert(owner);
+        // The owner serves the key directly; another node redirects with MOVED.
+        let direct: i64 = connect(&cluster, owner)
+            .get(&key)
+            .expect("GET on the owner");
+        assert_eq!(direct, n);
+        let other = (owner + 1) % 3;
+        let err = connect(&cluster, other)
+            .get::<_, i64>(&key)
+            .expect_err("a non-owner must redirect");
+        assert_eq!(err.kind(), ErrorKind::Server(ServerErrorKind::Moved));
+    }
+    assert_eq!(owners.len(), 3, "30 keys should touch every primary");
+}
+
+#[test]
+fn migrate_slot_moves_keys_and_opens_an_ask_window() {
+    let cluster = RedisCluster::start(3);
+    let mut client = cluster_client(&cluster);
+    let slot = RedisCluster::slot_of("bucket:alice");
+    let tag = RedisCluster::hash_tag_for_slot(slot);
+    let keys: Vec<String> = (0..250).map(|n| format!("{{{tag}}}:{n}")).collect();
+    for (n, key) in keys.iter().enumerate() {
+        let _: () = client.set(key, n).expect("SET before the migration");
+    }
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+
+    let mut migration = cluster.begin_slot_migration(slot, from, to, 100);
+    assert_eq!(migration.keys_moved(), 100);
+    // Which keys moved is up to GETKEYSINSLOT: find one that is gone from the source.
+    let mut source = connect(&cluster, from);
+    let remaining: HashSet<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query(&mut source)
+        .expect("GETKEYSINSLOT on the source");
+    assert_eq!(remaining.len(), 150);
+    let moved = keys
+        .iter()
+        .find(|key| !remaining.contains(*key))
+        .expect("100 keys left the source");
+    let kept = keys
+        .iter()
+        .position(|key| remaining.contains(key))
+        .expect("150 keys stay");
+    // The source still serves keys it has; only the moved ones are redirected.
+    let value: usize = source.get(&keys[kept]).expect("GET of a key not yet moved");
+    assert_eq!(value, kept);
+    let ask = source
+        .get::<_, i64>(moved)
+        .expect_err("a moved key must be redirected");
+    assert_eq!(ask.kind(), ErrorKind::Server(ServerErrorKind::Ask));
+    assert_eq!(
+        ask.redirect_node(),
+        Some((
+            format!("127.0.0.1:{}", cluster.nodes()[to].port()).as_str(),
+            slot
+        ))
+    );
+    // The target refuses it without ASKING: the slot is not its own yet.
+    let moved_err = connect(&cluster, to)
+        .get::<_, i64>(moved)
+        .expect_err("the target redirects without ASKING");
+    assert_eq!(moved_err.kind(), ErrorKind::Server(ServerErrorKind::Moved));
+    // A cluster client follows ASK for moved keys and reads the rest from the source.
+    for (n, key) in keys.iter().enumerate() {
+        let value: usize = client.get(key).expect("GET during the migration");
+        assert_eq!(value, n);
+    }
+    assert_eq!(migration.move_keys(50), 50);
+
+    let report = migration.finish();
+    println!("slot migration: {report:?}");
+    assert_eq!(report.keys_moved, 250);
+    assert_eq!((report.from, report.to), (from, to));
+    assert_eq!(cluster.node_for_slot(slot), to);
+    let direct: usize = connect(&cluster, to)
+        .get(&keys[0])
+        .expect("GET on the new owner");
+    assert_eq!(direct, 0);
+    let gone = connect(&cluster, from)
+        .get::<_, i64>(&keys[0])
+        .expect_err("the old owner redirects");
+    assert_eq!(gone.kind(), ErrorKind::Server(ServerErrorKind::Moved));
+    for (n, key) in keys.iter().enumerate() {
+        let value: usize = client.get(key).expect("GET after the migration");
+        assert_eq!(value, n);
+    }
+
+    // And back in one call.
+    let back = cluster.migrate_slot(slot, to, from);
+    println!("slot migration back: {back:?}");
+    assert_eq!(back.keys_moved, 250);
+    assert_eq!(cluster.node_for_slot(slot), from);
+    let value: usize = client.get(&keys[249]).expect("GET after moving back");
+    assert_eq!(value, 249);
+}
