@@ -233,6 +233,30 @@ impl SentinelCluster {
         }
     }
 
+    /// Restarts data server `index` (empty, as after a crash) and makes it a replica of the
+    /// current primary at once with `REPLICAOF`, instead of waiting for the sentinels to
+    /// convert it (which takes them about 8 s); returns once it is in sync.
+    ///
+    /// # Panics
+    /// If `index` is the current primary, or the replica does not sync within `timeout`.
+    pub fn restart_as_replica(&mut self, index: usize, timeout: Duration) {
+        let (host, port) = self.current_primary();
+        assert_ne!(
+            port,
+            self.data[index].port(),
+            "data server {index} is the current primary"
+        );
+        self.data[index].restart();
+        let mut conn = connect(self.data[index].port())
+            .unwrap_or_else(|| panic!("data server {index} does not answer after its restart"));
+        redis::cmd("REPLICAOF")
+            .arg(&host)
+            .arg(port)
+            .exec(&mut conn)
+            .unwrap_or_else(|err| panic!("REPLICAOF {host} {port} on data server {index}: {err}"));
+        self.wait_replica_synced(timeout);
+    }
+
     /// Waits until the current primary (as the sentinels report it) has at least one replica
     /// online and every replica it lists has acknowledged its whole replication stream. Use it
     /// after writes to know they would survive a failover.

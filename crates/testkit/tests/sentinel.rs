@@ -83,4 +83,11 @@ fn killing_the_primary_promotes_the_replica_which_accepts_writes() {
     let after: i64 = conn.get("after").expect("GET via sentinel");
     assert_eq!(after, 1);
     assert!(started.elapsed() < Duration::from_secs(5));
+
+    // The old primary comes back empty and catches up as a replica of the new one.
+    topology.restart_as_replica(0, Duration::from_secs(10));
+    let mut rejoined = connect("127.0.0.1", topology.primary_port());
+    assert_eq!(role(&mut rejoined), "slave");
+    let after: i64 = rejoined.get("after").expect("GET on the rejoined replica");
+    assert_eq!(after, 1);
 }
