@@ -1,0 +1,251 @@
+//! Each failure mode against real redis-server failures: killed, restarted, paused, busy, and a
+//! script error that must surface loudly instead of switching modes. Bounded and loopback only.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate::redis::RedisStore;
+use tollgate::{
+    BreakerConfig, BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, Policy, Rate,
+};
+use tollgate_testkit::server::RedisServer;
+
+const DEADLINE: Duration = Duration::from_millis(150);
+/// A call may take its deadline plus scheduling slack on a loaded 2-core machine, never more.
+const CALL_BOUND: Duration = Duration::from_millis(1_000);
+
+fn policy() -> Policy {
+    Policy::token_bucket(20, Rate::per_second(1)).unwrap()
+}
+
+async fn limiter(server: &RedisServer, mode: FailureMode) -> Limiter {
+    let store = RedisStore::builder(server.url())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .expect("store");
+    Limiter::builder("fault", policy())
+        .store(Arc::new(store))
+        .failure_mode(mode)
+        .timeout(DEADLINE)
+        .breaker(BreakerConfig {
+            failure_threshold: 3,
+            probe_interval: Duration::from_millis(100),
+        })
+        .build()
+        .unwrap()
+}
+
+/// Calls `check` once, asserting it returns within the bound.
+async fn timed(limiter: &Limiter, who: &str) -> Result<tollgate::Decision, Error> {
+    let started = Instant::now();
+    let out = limiter.check([who], 1).await;
+    assert!(
+        started.elapsed() < CALL_BOUND,
+        "a call took {:?}",
+        started.elapsed()
+    );
+    out
+}
+
+/// Polls until the limiter answers with shared enforcement again; returns how long it took.
+async fn recovery(limiter: &Limiter, who: &str, bound: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if let Ok(d) = timed(limiter, who).await
+            && d.enforcement == Enforcement::Shared
+        {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < bound,
+            "no shared enforcement within {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn killed_then_restarted_under_each_mode() {
+    for mode in ["open", "closed", "degraded"] {
+        let mut server = RedisServer::start();
+        let failure_mode = match mode {
+            "open" => FailureMode::Open,
+            "closed" => FailureMode::Closed,
+            _ => FailureMode::degraded(4),
+        };
+        let limiter = limiter(&server, failure_mode).await;
+        let d = timed(&limiter, "u").await.unwrap();
+        assert_eq!((d.enforcement, d.remaining), (Enforcement::Shared, 19));
+
+        server.kill();
+        let mut outcomes = Vec::new();
+        for _ in 0..10 {
+            outcomes.push(timed(&limiter, "u").await);
+        }
+        assert_eq!(
+            limiter.breaker_state(),
+            BreakerState::Open,
+            "{mode}: breaker opened"
+        );
+        for out in &outcomes {
+            match (mode, out) {
+                ("open", Ok(d)) => assert!(d.allowed && d.enforcement == Enforcement::Bypassed),
+                ("closed", Err(Error::Unavailable { source, .. })) => {
+                    assert_eq!(source.class(), ErrorClass::Unavailable);
+                }
+                ("degraded", Ok(d)) => assert_eq!(d.enforcement, Enforcement::Degraded),
+                _ => panic!("{mode}: unexpected outcome {out:?}"),
+            }
+        }
+        if mode == "degraded" {
+            // The local share is 20 / 4 = 5: the 10 calls above admitted exactly 5.
+            let admitted = outcomes
+                .iter()
+                .filter(|o| o.as_ref().is_ok_and(|d| d.allowed))
+                .count();
+            assert_eq!(
+                admitted, 5,
+                "degraded local quota is the shared one divided by 4"
+            );
+        }
+
+        // Restart: empty script cache (NOSCRIPT absorbed), shared enforcement resumes.
+        server.restart();
+        let took = recovery(&limiter, "u", Duration::from_secs(5)).await;
+        eprintln!("{mode}: shared enforcement resumed {took:?} after restart");
+        assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    }
+}
+
+#[tokio::test]
+async fn a_paused_server_hits_the_deadline_and_recovers() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailureMode::Open).await;
+    assert_eq!(
+        timed(&limiter, "p").await.unwrap().enforcement,
+        Enforcement::Shared
+    );
+    server.pause();
+    let started = Instant::now();
+    let d = timed(&limiter, "p").await.unwrap();
+    assert_eq!(d.enforcement, Enforcement::Bypassed);
+    assert!(
+        started.elapsed() >= DEADLINE,
+        "the deadline fired, not an error"
+    );
+    server.resume();
+    recovery(&limiter, "p", Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn busy_server_takes_the_failure_mode() {
+    let server = RedisServer::builder()
+        .extra_args(["--busy-reply-threshold", "50"])
+        .start();
+    let limiter = limiter(&server, FailureMode::Closed).await;
+    let mut conn = server.client().get_connection().unwrap();
+    let spin = std::thread::spawn(move || {
+        let script = "local a = redis.call('TIME') \
+            while true do local b = redis.call('TIME') \
+            if (b[1] - a[1]) * 1000000 + (b[2] - a[2]) > 600000 then return 1 end end";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    match timed(&limiter, "b").await {
+        Err(Error::Unavailable { source, .. }) => assert_eq!(source.class(), ErrorClass::Busy),
+        other => panic!("expected a busy store under Closed, got {other:?}"),
+    }
+    spin.join().unwrap();
+    recovery(&limiter, "b", Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_script_error_is_loud_and_does_not_switch_modes() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let limiter = limiter(&server, FailureMode::Open).await;
+    let key = limiter.key(["wrongtype"]).unwrap();
+    // Another program wrote a hash where the bucket lives: the script fails (WRONGTYPE).
+    let () = redis::cmd("HSET")
+        .arg(store.redis_key(&key, &policy()))
+        .arg("f")
+        .arg("v")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    for _ in 0..5 {
+        match limiter.check_key(&key, 1).await {
+            Err(Error::Store(e)) => assert_eq!(e.class(), ErrorClass::Script),
+            other => panic!("a script error must surface, not fail open: {other:?}"),
+        }
+    }
+    assert_eq!(
+        limiter.breaker_state(),
+        BreakerState::Closed,
+        "a bug is not an outage"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_record_decisions_errors_and_breaker_state() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailureMode::Open).await;
+    let run = async {
+        timed(&limiter, "m").await.unwrap();
+        server.kill();
+        for _ in 0..4 {
+            timed(&limiter, "m").await.unwrap();
+        }
+    };
+    // `with_local_recorder` is synchronous and thread-local: drive the async work on this
+    // thread inside it (the limiter emits metrics on the calling thread).
+    let handle = tokio::runtime::Handle::current();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::task::block_in_place(|| handle.block_on(run));
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    // Counter value, gauge value, or number of histogram samples.
+    let find = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
+        snapshot.iter().find_map(|(ck, _, _, v)| {
+            let key = ck.key();
+            (key.name() == name
+                && labels
+                    .iter()
+                    .all(|(k, want)| key.labels().any(|l| l.key() == *k && l.value() == *want)))
+            .then(|| match v {
+                DebugValue::Counter(n) => *n as f64,
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Histogram(h) => h.len() as f64,
+            })
+        })
+    };
+    assert_eq!(
+        find(
+            "tollgate_decisions_total",
+            &[("outcome", "allowed"), ("enforcement", "shared")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        find(
+            "tollgate_decisions_total",
+            &[("outcome", "allowed"), ("enforcement", "bypassed")]
+        ),
+        Some(4.0)
+    );
+    assert!(
+        find("tollgate_store_errors_total", &[("class", "unavailable")]).is_some_and(|n| n >= 3.0)
+    );
+    assert_eq!(
+        find("tollgate_breaker_state", &[("operation", "fault")]),
+        Some(1.0)
+    );
+    assert_eq!(find("tollgate_decision_seconds", &[]), Some(5.0));
+}
