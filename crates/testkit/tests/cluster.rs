@@ -3,7 +3,10 @@
 //! keys, answers `ASK` while half done, and stays invisible to a cluster client.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use redis::{Commands, ErrorKind, ServerErrorKind};
 use tollgate_testkit::cluster::RedisCluster;
@@ -16,6 +19,18 @@ fn connect(cluster: &RedisCluster, index: usize) -> redis::Connection {
     conn.set_read_timeout(Some(Duration::from_secs(2)))
         .expect("read timeout");
     conn
+}
+
+/// `-ASK` replies node `index` has sent (Redis 7 counts redirections in `INFO errorstats`).
+fn ask_replies(cluster: &RedisCluster, index: usize) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(&mut connect(cluster, index))
+        .expect("INFO errorstats");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("errorstat_ASK:count="))
+        .map_or(0, |count| count.trim().parse().expect("a count"))
 }
 
 fn cluster_client(cluster: &RedisCluster) -> redis::cluster::ClusterConnection {
@@ -142,4 +157,72 @@ fn migrate_slot_moves_keys_and_opens_an_ask_window() {
     assert_eq!(cluster.node_for_slot(slot), from);
     let value: usize = client.get(&keys[249]).expect("GET after moving back");
     assert_eq!(value, 249);
+}
+
+#[test]
+fn slot_migration_under_load_loses_no_writes_for_a_cluster_client() {
+    let cluster = RedisCluster::start(3);
+    let slot = RedisCluster::slot_of("bucket:bob");
+    let tag = RedisCluster::hash_tag_for_slot(slot);
+    let keys: Vec<String> = (0..20).map(|n| format!("{{{tag}}}:{n}")).collect();
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 2) % 3;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (urls, keys, stop) = (cluster.urls(), keys.clone(), Arc::clone(&stop));
+        thread::spawn(move || {
+            let mut client = redis::cluster::ClusterClient::new(urls)
+                .expect("cluster client")
+                .get_connection()
+                .expect("cluster connection");
+            let (mut ok, mut errors) = (0_u64, Vec::new());
+            // Bounded: the test sets `stop` within a few seconds; 200k is a backstop.
+            for n in 0..200_000 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                match client.incr::<_, _, i64>(&keys[n % keys.len()], 1) {
+                    Ok(_) => ok += 1,
+                    Err(err) => errors.push(err.to_string()),
+                }
+            }
+            (ok, errors)
+        })
+    };
+    thread::sleep(Duration::from_millis(100));
+    let migration = cluster.begin_slot_migration(slot, from, to, 5);
+    // Hold the ASK window until the load has been redirected (bounded).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ask_replies(&cluster, from) < 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the load never met the ASK window"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let report = migration.finish();
+    thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::SeqCst);
+    let (ok, errors) = load.join().expect("load thread");
+
+    println!(
+        "slot migration under load: {report:?}; {ok} INCRs, {} ASK replies, {} errors",
+        ask_replies(&cluster, from),
+        errors.len()
+    );
+    assert!(
+        errors.is_empty(),
+        "errors surfaced to the client: {errors:?}"
+    );
+    let mut target = connect(&cluster, to);
+    let total: i64 = keys
+        .iter()
+        .map(|key| target.get::<_, Option<i64>>(key).expect("GET").unwrap_or(0))
+        .sum();
+    assert_eq!(
+        total,
+        i64::try_from(ok).unwrap(),
+        "every acknowledged INCR is counted"
+    );
 }
