@@ -3,6 +3,7 @@
 
 mod compare;
 mod load;
+mod serve;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,8 @@ enum Command {
     Check(CheckArgs),
     /// Run a bounded load from several independent limiter instances and print a summary.
     Load(load::LoadArgs),
+    /// Serve a demo HTTP service whose routes are rate-limited by a policy file.
+    Serve(serve::ServeArgs),
 }
 
 /// Where buckets live.
@@ -142,6 +145,7 @@ fn main() -> Result<()> {
         match cli.command {
             Command::Check(args) => check(args).await,
             Command::Load(args) => load::run(args).await,
+            Command::Serve(args) => serve::run(args).await,
         }
     })
 }

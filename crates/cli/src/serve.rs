@@ -1,0 +1,179 @@
+//! `tollgate serve`: a small demo HTTP service with a rate-limited route per policy-file
+//! entry (the built-in file has three, each under a different algorithm), on the local store
+//! or, with `--redis`, on a Redis shared by every process started against it.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::extract::Request;
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{MethodFilter, MethodRouter, any, get, on};
+use clap::Args;
+use tollgate_http::{AuthenticatedUser, BUILTIN_POLICY_FILE, PolicyFile, RouteConfig};
+
+use crate::StoreArgs;
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// Policy file (TOML: routes, keys, costs, policies, failure modes). Without it, the
+    /// built-in demo file (see --print-config).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on. Port 0 picks a free port; the address is printed on the first
+    /// line of output.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Print the built-in policy file and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+pub(crate) async fn run(args: ServeArgs) -> Result<()> {
+    if args.print_config {
+        print!("{BUILTIN_POLICY_FILE}");
+        return Ok(());
+    }
+    init_tracing();
+    let file = match &args.config {
+        None => PolicyFile::builtin(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            PolicyFile::parse(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+                .context("invalid policy file")?
+        }
+    };
+    let store = args.store.connect().await?;
+
+    let mut app = Router::new();
+    for route in &file.routes {
+        let limiter = route
+            .limiter(store.clone())
+            .timeout(route.timeout.unwrap_or(args.store.timeout))
+            .build()?;
+        let layer = route.layer(limiter, file.legacy_headers);
+        app = app.route(&route.path, demo_handler(route)?.layer(layer));
+    }
+    let index = index_text(&file, args.store.label());
+    app = app
+        .route("/", get(move || async move { index }))
+        .layer(middleware::from_fn(demo_auth));
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    // Tests and scripts read this first line for the address.
+    println!("listening on http://{addr} (store: {})", args.store.label());
+    for route in &file.routes {
+        println!("  {}", describe(route));
+    }
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
+    Ok(())
+}
+
+/// The demo's endpoint: a small JSON body naming the route. The decision is deliberately
+/// absent from the body: how it was enforced is for operators, not clients.
+fn demo_handler(route: &RouteConfig) -> Result<MethodRouter> {
+    let body = format!("{{\"route\":\"{}\",\"ok\":true}}\n", route.name);
+    let handler = move || async move {
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+    };
+    Ok(match &route.method {
+        None => any(handler),
+        Some(method) => {
+            let filter = MethodFilter::try_from(method.clone())
+                .map_err(|e| anyhow::anyhow!("route {}: {e}", route.name))?;
+            on(filter, handler)
+        }
+    })
+}
+
+/// The demo's "authentication": `Authorization: Bearer NAME` makes the request NAME's.
+/// (A real service verifies a token here.)
+async fn demo_auth(mut request: Request, next: Next) -> Response {
+    let user = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned);
+    if let Some(user) = user {
+        request.extensions_mut().insert(AuthenticatedUser(user));
+    }
+    next.run(request).await
+}
+
+fn describe(route: &RouteConfig) -> String {
+    format!(
+        "{:<6} {:<16} key={:<18} policy={} failure_mode={}",
+        route.method.as_ref().map_or("*", |m| m.as_str()),
+        route.path,
+        route.key.describe(),
+        route.policy_spec,
+        match route.failure {
+            tollgate_http::FailureChoice::Open => "open".to_owned(),
+            tollgate_http::FailureChoice::Closed => "closed".to_owned(),
+            tollgate_http::FailureChoice::Degraded { expected_instances } =>
+                format!("degraded(expected_instances={expected_instances})"),
+        }
+    )
+}
+
+fn index_text(file: &PolicyFile, store: &str) -> String {
+    let mut out = format!("tollgate demo (store: {store})\n\nrate-limited routes:\n");
+    for route in &file.routes {
+        let _ = writeln!(out, "  {}", describe(route));
+    }
+    out.push_str(
+        "\ntry:\n  curl -i -X POST localhost:8080/login\n  \
+         curl -i -H 'x-api-key: k1' -H 'x-cost: 3' localhost:8080/api/search\n  \
+         curl -i -H 'Authorization: Bearer alice' localhost:8080/api/reports\n",
+    );
+    out
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

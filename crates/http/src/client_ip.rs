@@ -1,0 +1,402 @@
+//! The client's IP address behind reverse proxies. `X-Forwarded-For` and `Forwarded` are
+//! written by whoever sent the request, so they are believed only from peers listed as
+//! trusted proxies; everyone else is identified by the TCP peer address.
+//!
+//! ```
+//! use std::net::IpAddr;
+//! use axum::http::HeaderMap;
+//! use tollgate_http::{ForwardedHeader, TrustedProxies};
+//!
+//! let proxies = TrustedProxies::new(["10.0.0.0/8".parse().unwrap()], ForwardedHeader::XForwardedFor);
+//! let mut headers = HeaderMap::new();
+//! headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.2".parse().unwrap());
+//! // From a trusted proxy: walk right to left past trusted hops.
+//! let peer: IpAddr = "10.0.0.1".parse().unwrap();
+//! assert_eq!(proxies.client_ip(peer, &headers), "203.0.113.7".parse::<IpAddr>().unwrap());
+//! // From anyone else: the header is ignored.
+//! let peer: IpAddr = "198.51.100.9".parse().unwrap();
+//! assert_eq!(proxies.client_ip(peer, &headers), peer);
+//! ```
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderMap, Request, StatusCode};
+
+use crate::key::{KeyExtractor, Rejection};
+
+/// Why a CIDR block could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid CIDR block {0:?}: expected ADDRESS/PREFIX, e.g. 10.0.0.0/8 or fd00::/8")]
+pub struct CidrError(String);
+
+/// A block of addresses, `10.0.0.0/8` or `fd00::/8`. A bare address is a block of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` is inside the block. IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`) are
+    /// compared as the IPv4 address they carry.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || CidrError(s.to_owned());
+        let (addr, prefix) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.trim(), None),
+        };
+        let network = addr.parse::<IpAddr>().map_err(|_| bad())?.to_canonical();
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?,
+            None => max,
+        };
+        Ok(Self { network, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// Which header a trusted proxy writes the client chain into. Choose the one your proxies
+/// append to: reading the other would believe whatever the client put there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (de facto standard).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+}
+
+/// The proxies whose forwarding headers are believed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies {
+    nets: Vec<Cidr>,
+    header: ForwardedHeader,
+}
+
+impl TrustedProxies {
+    /// Trust no proxy: the client is always the TCP peer.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Trust peers inside `nets`, reading `header`.
+    pub fn new(nets: impl IntoIterator<Item = Cidr>, header: ForwardedHeader) -> Self {
+        Self {
+            nets: nets.into_iter().collect(),
+            header,
+        }
+    }
+
+    /// The trusted blocks.
+    pub fn nets(&self) -> &[Cidr] {
+        &self.nets
+    }
+
+    /// The header read from trusted peers.
+    pub fn header(&self) -> ForwardedHeader {
+        self.header
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|net| net.contains(ip))
+    }
+
+    /// The client address of a request that arrived from `peer` with `headers`.
+    ///
+    /// If `peer` is not trusted, it is the client. Otherwise the forwarding chain is walked
+    /// from the right (the hop nearest to us) past trusted proxies; the first untrusted
+    /// address is the client. An entry that is not an address (`unknown`, an obfuscated
+    /// `_node`, garbage) stops the walk at the last trusted hop, since nothing left of it can
+    /// be believed. If every hop is trusted, the leftmost one is the client.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let chain = self.chain(headers);
+        let mut client = peer;
+        for hop in chain.iter().rev() {
+            let Some(ip) = hop else {
+                return client;
+            };
+            client = *ip;
+            if !self.is_trusted(client) {
+                return client;
+            }
+        }
+        client
+    }
+
+    /// Every hop the chosen header lists, left to right, across repeated header lines.
+    fn chain(&self, headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+        let name = match self.header {
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::Forwarded => "forwarded",
+        };
+        let mut chain = Vec::new();
+        for value in headers.get_all(name) {
+            let Ok(text) = value.to_str() else {
+                // Opaque bytes: nothing in this line can be believed.
+                chain.push(None);
+                continue;
+            };
+            for element in text.split(',') {
+                chain.push(match self.header {
+                    ForwardedHeader::XForwardedFor => parse_node(element),
+                    ForwardedHeader::Forwarded => forwarded_for(element),
+                });
+            }
+        }
+        chain
+    }
+}
+
+/// The `for=` node of one `Forwarded` element; `None` if absent or not an address.
+fn forwarded_for(element: &str) -> Option<IpAddr> {
+    element.split(';').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("for")
+            .then(|| parse_node(value))?
+    })
+}
+
+/// An address as proxies write it: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`,
+/// `[2001:db8::1]:80`, optionally quoted.
+fn parse_node(text: &str) -> Option<IpAddr> {
+    let text = text.trim().trim_matches('"');
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Ok(sa) = text.parse::<SocketAddr>() {
+        return Some(sa.ip().to_canonical());
+    }
+    let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+    inner.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+/// Keys a request by its client IP address: the TCP peer (axum's
+/// [`ConnectInfo<SocketAddr>`](ConnectInfo)), or the forwarded client when the peer is a
+/// [trusted proxy](TrustedProxies).
+///
+/// Serve the app with `into_make_service_with_connect_info::<SocketAddr>()` so the peer
+/// address is known; without it every request is refused with 500, since keying everyone
+/// under one bucket would be worse.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use axum::{extract::ConnectInfo, http::Request};
+/// use tollgate_http::{ClientIpKey, KeyExtractor, TrustedProxies};
+///
+/// let key = ClientIpKey::new(TrustedProxies::none());
+/// let mut req = Request::new(());
+/// req.extensions_mut().insert(ConnectInfo("192.0.2.1:5000".parse::<SocketAddr>().unwrap()));
+/// assert_eq!(key.extract(&req).unwrap(), b"192.0.2.1");
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientIpKey {
+    proxies: std::sync::Arc<TrustedProxies>,
+}
+
+impl ClientIpKey {
+    /// Keys by client IP, believing forwarding headers only from `proxies`.
+    pub fn new(proxies: TrustedProxies) -> Self {
+        Self {
+            proxies: std::sync::Arc::new(proxies),
+        }
+    }
+
+    /// The client address of `request`, if its peer address is known.
+    pub fn client_ip<B>(&self, request: &Request<B>) -> Option<IpAddr> {
+        let ConnectInfo(peer) = request.extensions().get::<ConnectInfo<SocketAddr>>()?;
+        Some(self.proxies.client_ip(peer.ip(), request.headers()))
+    }
+}
+
+impl KeyExtractor for ClientIpKey {
+    fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
+        self.client_ip(request)
+            .map(|ip| ip.to_string().into_bytes())
+            .ok_or_else(|| {
+                Rejection::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "client address unknown (serve with ConnectInfo<SocketAddr>)",
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn headers(name: &str, values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    fn xff_trusting(nets: &[&str]) -> TrustedProxies {
+        TrustedProxies::new(
+            nets.iter().map(|n| n.parse().unwrap()),
+            ForwardedHeader::XForwardedFor,
+        )
+    }
+
+    #[test]
+    fn cidr_blocks_match_by_prefix() {
+        let net: Cidr = "10.1.0.0/16".parse().unwrap();
+        assert!(net.contains(ip("10.1.255.3")));
+        assert!(!net.contains(ip("10.2.0.1")));
+        assert!(net.contains(ip("::ffff:10.1.0.9")), "IPv4-mapped IPv6");
+        assert!(!net.contains(ip("2001:db8::1")));
+        let v6: Cidr = "2001:db8::/32".parse().unwrap();
+        assert!(v6.contains(ip("2001:db8:ffff::1")));
+        assert!(!v6.contains(ip("2001:db9::1")));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains(ip("203.0.113.1")));
+        let one: Cidr = "192.0.2.7".parse().unwrap();
+        assert_eq!(one.to_string(), "192.0.2.7/32");
+        assert!(one.contains(ip("192.0.2.7")) && !one.contains(ip("192.0.2.8")));
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0/8",
+            "host/8",
+            "10.0.0.0/-1",
+            "",
+        ] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client_whatever_it_forwards() {
+        let p = xff_trusting(&["10.0.0.0/8"]);
+        let h = headers("x-forwarded-for", &["1.1.1.1"]);
+        assert_eq!(p.client_ip(ip("203.0.113.5"), &h), ip("203.0.113.5"));
+        assert_eq!(
+            TrustedProxies::none().client_ip(ip("10.0.0.1"), &h),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn walks_right_to_left_past_trusted_hops() {
+        let p = xff_trusting(&["10.0.0.0/8", "192.168.0.0/16"]);
+        // The client forged "6.6.6.6"; the first proxy appended the real client address.
+        let h = headers("x-forwarded-for", &["6.6.6.6, 198.51.100.4, 192.168.1.1"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("198.51.100.4"));
+        // Repeated header lines are one list, in order.
+        let h = headers("x-forwarded-for", &["6.6.6.6, 198.51.100.4", "192.168.1.1"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("198.51.100.4"));
+    }
+
+    #[test]
+    fn a_trusted_peer_without_the_header_is_the_client() {
+        let p = xff_trusting(&["10.0.0.0/8"]);
+        assert_eq!(
+            p.client_ip(ip("10.0.0.1"), &HeaderMap::new()),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn all_trusted_hops_yield_the_leftmost() {
+        let p = xff_trusting(&["10.0.0.0/8"]);
+        let h = headers("x-forwarded-for", &["10.9.9.9, 10.1.1.1"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("10.9.9.9"));
+    }
+
+    #[test]
+    fn garbage_stops_the_walk_at_the_last_trusted_hop() {
+        let p = xff_trusting(&["10.0.0.0/8"]);
+        let h = headers("x-forwarded-for", &["1.2.3.4, unknown, 10.0.0.7"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.7"));
+        let h = headers("x-forwarded-for", &["1.2.3.4, not-an-ip"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn ports_brackets_and_mapped_addresses_are_understood() {
+        let p = xff_trusting(&["10.0.0.0/8"]);
+        for (value, want) in [
+            ("198.51.100.4:5555", "198.51.100.4"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+            ("[2001:db8::1]", "2001:db8::1"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("::ffff:198.51.100.4", "198.51.100.4"),
+        ] {
+            let h = headers("x-forwarded-for", &[value]);
+            assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip(want), "{value}");
+        }
+        // A trusted peer seen over IPv6 as an IPv4-mapped address.
+        let h = headers("x-forwarded-for", &["198.51.100.4"]);
+        assert_eq!(p.client_ip(ip("::ffff:10.0.0.1"), &h), ip("198.51.100.4"));
+    }
+
+    #[test]
+    fn forwarded_header_reads_for_parameters() {
+        let p = TrustedProxies::new(["10.0.0.0/8".parse().unwrap()], ForwardedHeader::Forwarded);
+        let h = headers(
+            "forwarded",
+            &[
+                r#"for=6.6.6.6, For="[2001:db8:cafe::17]:4711";proto=https, for=10.0.0.3;by=10.0.0.1"#,
+            ],
+        );
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("2001:db8:cafe::17"));
+        let h = headers("forwarded", &["for=198.51.100.2;proto=http"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("198.51.100.2"));
+        // Obfuscated or unknown nodes stop the walk.
+        let h = headers("forwarded", &["for=1.2.3.4, for=_hidden"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn only_the_configured_header_is_read() {
+        let p = xff_trusting(&["10.0.0.0/8"]);
+        let h = headers("forwarded", &["for=1.2.3.4"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+}

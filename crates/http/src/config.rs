@@ -1,0 +1,748 @@
+//! The policy file: routes, their keys, costs, policies and failure modes in TOML, validated
+//! up front with errors that name the field and the line. [`PolicyFile::builtin`] is the
+//! demo's default (`policies/default.toml` in this crate).
+//!
+//! ```
+//! use tollgate_http::PolicyFile;
+//!
+//! let file = PolicyFile::parse(r#"
+//! [[route]]
+//! name = "login"
+//! path = "/login"
+//! method = "POST"
+//! key = "ip"
+//! policy = "sliding-log:limit=5,window=1m"
+//! failure_mode = "closed"
+//! "#).unwrap();
+//! assert_eq!(file.routes[0].policy.limit(), 5);
+//!
+//! let err = PolicyFile::parse(r#"
+//! [[route]]
+//! name = "login"
+//! path = "/login"
+//! key = "ip"
+//! policy = "sliding-log:limit=0,window=1m"
+//! failure_mode = "closed"
+//! "#).unwrap_err();
+//! assert_eq!((err.line, err.field.as_str()), (6, "route[0].policy"));
+//! ```
+//!
+//! Every field of a `[[route]]`:
+//!
+//! | field | required | meaning |
+//! |---|---|---|
+//! | `name` | yes | policy name in the response fields and key namespace: `[a-z0-9_.-]`, unique |
+//! | `path` | yes | axum route path, e.g. `/items/{id}` |
+//! | `method` | no | only this method is limited and served; any method if absent |
+//! | `key` | yes | `"ip"`, `"header:NAME"`, `"user"` or `"route"` |
+//! | `cost` | no | an integer (default 1) or `{ header = "x-cost", default = 1, min = 1, max = 100 }` |
+//! | `policy` | yes | a policy spec, e.g. `"token-bucket:capacity=10,rate=2"` |
+//! | `failure_mode` | yes | `"open"`, `"closed"` or `"degraded"` |
+//! | `expected_instances` | no | with `degraded`: divide the local quota by this (default 1) |
+//! | `timeout` | no | deadline of one store call, e.g. `"100ms"` (default 250 ms) |
+//!
+//! Top level: `legacy_headers = true|false` and a `[proxies]` table with `trusted = [CIDR...]`
+//! and `header = "x-forwarded-for" | "forwarded"`.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderName, Method};
+use serde::Deserialize;
+use tollgate::{FailureMode, Key, Limiter, LimiterBuilder, Policy, Store};
+use toml::Spanned;
+
+use crate::client_ip::{Cidr, ClientIpKey, ForwardedHeader, TrustedProxies};
+use crate::cost::{CostSource, FixedCost, HeaderCost};
+use crate::key::{HeaderKey, KeySource, RouteKey, UserKey};
+use crate::layer::RateLimitLayer;
+
+/// The layer a policy-file route gets.
+pub type RouteLayer = RateLimitLayer<KeySource, CostSource>;
+
+/// The built-in policy file: three routes, each under a different algorithm.
+pub const BUILTIN_POLICY_FILE: &str = include_str!("../policies/default.toml");
+
+/// Why a policy file was refused: where, which field, and what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}, column {column}: {}{message}", field_prefix(field))]
+pub struct ConfigError {
+    /// 1-based line of the offending value.
+    pub line: usize,
+    /// 1-based column of the offending value.
+    pub column: usize,
+    /// The field, e.g. `route[1].policy` (empty when the file does not parse as TOML at all).
+    pub field: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+fn field_prefix(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!("{field}: ")
+    }
+}
+
+/// What a route does when its store cannot answer; becomes a [`FailureMode`] (a fresh local
+/// store per route for `Degraded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureChoice {
+    /// `failure_mode = "open"`.
+    Open,
+    /// `failure_mode = "closed"`.
+    Closed,
+    /// `failure_mode = "degraded"` with `expected_instances`.
+    Degraded {
+        /// Instances sharing the quota.
+        expected_instances: u32,
+    },
+}
+
+impl FailureChoice {
+    /// The failure mode.
+    pub fn to_mode(self) -> FailureMode {
+        match self {
+            Self::Open => FailureMode::Open,
+            Self::Closed => FailureMode::Closed,
+            Self::Degraded { expected_instances } => FailureMode::degraded(expected_instances),
+        }
+    }
+}
+
+/// One validated `[[route]]`.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// Policy name and key namespace.
+    pub name: String,
+    /// The axum route path.
+    pub path: String,
+    /// The method, or `None` for any.
+    pub method: Option<Method>,
+    /// The key extractor.
+    pub key: KeySource,
+    /// The cost function.
+    pub cost: CostSource,
+    /// The policy.
+    pub policy: Policy,
+    /// The policy as written in the file.
+    pub policy_spec: String,
+    /// The failure mode.
+    pub failure: FailureChoice,
+    /// Store-call deadline, if set.
+    pub timeout: Option<Duration>,
+    /// Line of the route's `name` in the file.
+    pub line: usize,
+}
+
+impl RouteConfig {
+    /// A limiter builder with this route's name, policy, failure mode and timeout, on `store`.
+    pub fn limiter(&self, store: Arc<dyn Store>) -> LimiterBuilder {
+        let builder = Limiter::builder(self.name.clone(), self.policy)
+            .store(store)
+            .failure_mode(self.failure.to_mode());
+        match self.timeout {
+            Some(t) => builder.timeout(t),
+            None => builder,
+        }
+    }
+
+    /// The route's layer around `limiter`.
+    pub fn layer(&self, limiter: Limiter, legacy_headers: bool) -> RouteLayer {
+        RateLimitLayer::new(limiter, self.key.clone())
+            .cost(self.cost.clone())
+            .legacy_headers(legacy_headers)
+    }
+}
+
+/// A validated policy file.
+#[derive(Debug, Clone)]
+pub struct PolicyFile {
+    /// Send the legacy `X-RateLimit-*` headers too.
+    pub legacy_headers: bool,
+    /// Proxies whose forwarding headers are believed.
+    pub proxies: TrustedProxies,
+    /// The routes, in file order.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl PolicyFile {
+    /// The built-in file ([`BUILTIN_POLICY_FILE`]).
+    pub fn builtin() -> Self {
+        Self::parse(BUILTIN_POLICY_FILE).expect("the built-in policy file is valid")
+    }
+
+    /// Parses and validates `text`.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| {
+            let span = e.span().unwrap_or(0..0);
+            locate(text, &span, &key_on_line(text, span.start), e.message())
+        })?;
+        Validator { text }.file(raw)
+    }
+
+    /// Layers for every route, each with its own [`Limiter`] on `store` (see
+    /// [`RouteConfig::limiter`] to adjust a limiter first), in file order.
+    pub fn layers(
+        &self,
+        store: &Arc<dyn Store>,
+    ) -> Result<Vec<(RouteConfig, RouteLayer)>, tollgate::Error> {
+        self.routes
+            .iter()
+            .map(|route| {
+                let limiter = route.limiter(store.clone()).build()?;
+                Ok((route.clone(), route.layer(limiter, self.legacy_headers)))
+            })
+            .collect()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    legacy_headers: bool,
+    #[serde(default)]
+    proxies: Option<RawProxies>,
+    #[serde(default, rename = "route")]
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProxies {
+    #[serde(default)]
+    trusted: Vec<Spanned<String>>,
+    #[serde(default)]
+    header: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: Spanned<String>,
+    path: Spanned<String>,
+    #[serde(default)]
+    method: Option<Spanned<String>>,
+    key: Spanned<String>,
+    #[serde(default)]
+    cost: Option<Spanned<toml::Value>>,
+    policy: Spanned<String>,
+    failure_mode: Spanned<String>,
+    #[serde(default)]
+    expected_instances: Option<Spanned<i64>>,
+    #[serde(default)]
+    timeout: Option<Spanned<String>>,
+}
+
+struct Validator<'a> {
+    text: &'a str,
+}
+
+impl Validator<'_> {
+    fn err<T>(
+        &self,
+        span: &Range<usize>,
+        field: &str,
+        message: impl fmt::Display,
+    ) -> Result<T, ConfigError> {
+        Err(locate(self.text, span, field, &message.to_string()))
+    }
+
+    fn file(&self, raw: RawFile) -> Result<PolicyFile, ConfigError> {
+        let proxies = match raw.proxies {
+            None => TrustedProxies::none(),
+            Some(p) => self.proxies(&p)?,
+        };
+        let mut routes = Vec::with_capacity(raw.routes.len());
+        let mut names = HashSet::new();
+        // (path, method) pairs taken; a route without a method takes every method.
+        let mut taken: Vec<(String, Option<Method>)> = Vec::new();
+        for (i, raw_route) in raw.routes.iter().enumerate() {
+            let route = self.route(i, raw_route, &proxies)?;
+            if !names.insert(route.name.clone()) {
+                return self.err(
+                    &raw_route.name.span(),
+                    &format!("route[{i}].name"),
+                    format_args!("route name {:?} is used twice", route.name),
+                );
+            }
+            let clash = taken.iter().any(|(path, method)| {
+                *path == route.path
+                    && (method.is_none() || route.method.is_none() || *method == route.method)
+            });
+            if clash {
+                let span = raw_route
+                    .method
+                    .as_ref()
+                    .map_or_else(|| raw_route.path.span(), Spanned::span);
+                return self.err(
+                    &span,
+                    &format!("route[{i}].path"),
+                    format_args!(
+                        "{} {} is already limited by an earlier route",
+                        route.method.as_ref().map_or("*", Method::as_str),
+                        route.path
+                    ),
+                );
+            }
+            taken.push((route.path.clone(), route.method.clone()));
+            routes.push(route);
+        }
+        Ok(PolicyFile {
+            legacy_headers: raw.legacy_headers,
+            proxies,
+            routes,
+        })
+    }
+
+    fn proxies(&self, raw: &RawProxies) -> Result<TrustedProxies, ConfigError> {
+        let mut nets = Vec::new();
+        for (i, net) in raw.trusted.iter().enumerate() {
+            match net.get_ref().parse::<Cidr>() {
+                Ok(cidr) => nets.push(cidr),
+                Err(e) => return self.err(&net.span(), &format!("proxies.trusted[{i}]"), e),
+            }
+        }
+        let header = match &raw.header {
+            None => ForwardedHeader::default(),
+            Some(h) => match h.get_ref().to_ascii_lowercase().as_str() {
+                "x-forwarded-for" => ForwardedHeader::XForwardedFor,
+                "forwarded" => ForwardedHeader::Forwarded,
+                other => {
+                    return self.err(
+                        &h.span(),
+                        "proxies.header",
+                        format_args!("{other:?} is not \"x-forwarded-for\" or \"forwarded\""),
+                    );
+                }
+            },
+        };
+        Ok(TrustedProxies::new(nets, header))
+    }
+
+    fn route(
+        &self,
+        i: usize,
+        raw: &RawRoute,
+        proxies: &TrustedProxies,
+    ) -> Result<RouteConfig, ConfigError> {
+        let field = |name: &str| format!("route[{i}].{name}");
+
+        let name = raw.name.get_ref().clone();
+        if let Err(e) = Key::new(&name, std::iter::empty::<&[u8]>()) {
+            return self.err(&raw.name.span(), &field("name"), e);
+        }
+
+        let path = raw.path.get_ref().clone();
+        if !path.starts_with('/')
+            || path
+                .split('/')
+                .any(|s| s.starts_with(':') || s.starts_with('*'))
+        {
+            return self.err(
+                &raw.path.span(),
+                &field("path"),
+                format_args!(
+                    "{path:?} must start with / and write parameters as {{name}} or {{*rest}}"
+                ),
+            );
+        }
+
+        let method = match &raw.method {
+            None => None,
+            Some(m) => match Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()) {
+                Ok(method) if !m.get_ref().is_empty() => Some(method),
+                _ => {
+                    return self.err(
+                        &m.span(),
+                        &field("method"),
+                        format_args!("{:?} is not an HTTP method", m.get_ref()),
+                    );
+                }
+            },
+        };
+
+        let key = self.key(&raw.key, &field("key"), proxies)?;
+
+        let policy = match raw.policy.get_ref().parse::<Policy>() {
+            Ok(p) => p,
+            Err(e) => return self.err(&raw.policy.span(), &field("policy"), e),
+        };
+
+        let cost = match &raw.cost {
+            None => CostSource::default(),
+            Some(c) => self.cost(c, &field("cost"), &policy)?,
+        };
+
+        let failure = self.failure(raw, &field)?;
+        let timeout = self.timeout(raw.timeout.as_ref(), &field("timeout"))?;
+
+        Ok(RouteConfig {
+            name,
+            path,
+            method,
+            key,
+            cost,
+            policy,
+            policy_spec: raw.policy.get_ref().clone(),
+            failure,
+            timeout,
+            line: line_col(self.text, raw.name.span().start).0,
+        })
+    }
+
+    fn failure(
+        &self,
+        raw: &RawRoute,
+        field: &dyn Fn(&str) -> String,
+    ) -> Result<FailureChoice, ConfigError> {
+        let failure = match raw.failure_mode.get_ref().as_str() {
+            "open" => FailureChoice::Open,
+            "closed" => FailureChoice::Closed,
+            "degraded" => FailureChoice::Degraded {
+                expected_instances: 1,
+            },
+            other => {
+                return self.err(
+                    &raw.failure_mode.span(),
+                    &field("failure_mode"),
+                    format_args!("{other:?} is not \"open\", \"closed\" or \"degraded\""),
+                );
+            }
+        };
+        let failure = match (&raw.expected_instances, failure) {
+            (None, f) => f,
+            (Some(n), FailureChoice::Degraded { .. }) => match u32::try_from(*n.get_ref()) {
+                Ok(n) if n >= 1 => FailureChoice::Degraded {
+                    expected_instances: n,
+                },
+                _ => {
+                    return self.err(
+                        &n.span(),
+                        &field("expected_instances"),
+                        format_args!(
+                            "must be an integer from 1 to {}, got {}",
+                            u32::MAX,
+                            n.get_ref()
+                        ),
+                    );
+                }
+            },
+            (Some(n), _) => {
+                return self.err(
+                    &n.span(),
+                    &field("expected_instances"),
+                    "only applies with failure_mode = \"degraded\"",
+                );
+            }
+        };
+        Ok(failure)
+    }
+
+    fn timeout(
+        &self,
+        raw: Option<&Spanned<String>>,
+        field: &str,
+    ) -> Result<Option<Duration>, ConfigError> {
+        let timeout = match raw {
+            None => None,
+            Some(t) => match humantime_like(t.get_ref()) {
+                Some(d) if !d.is_zero() => Some(d),
+                _ => {
+                    return self.err(
+                        &t.span(),
+                        field,
+                        format_args!(
+                            "{:?} is not a duration such as \"250ms\" or \"1s\"",
+                            t.get_ref()
+                        ),
+                    );
+                }
+            },
+        };
+        Ok(timeout)
+    }
+
+    fn key(
+        &self,
+        raw: &Spanned<String>,
+        field: &str,
+        proxies: &TrustedProxies,
+    ) -> Result<KeySource, ConfigError> {
+        let text = raw.get_ref().as_str();
+        Ok(match text {
+            "ip" => KeySource::ClientIp(ClientIpKey::new(proxies.clone())),
+            "user" => KeySource::User(UserKey),
+            "route" => KeySource::Route(RouteKey),
+            _ => match text
+                .strip_prefix("header:")
+                .map(|h| HeaderName::from_bytes(h.trim().as_bytes()))
+            {
+                Some(Ok(name)) => KeySource::Header(HeaderKey::new(name)),
+                _ => {
+                    return self.err(
+                        &raw.span(),
+                        field,
+                        format_args!(
+                            "{text:?} is not \"ip\", \"user\", \"route\" or \"header:NAME\""
+                        ),
+                    );
+                }
+            },
+        })
+    }
+
+    fn cost(
+        &self,
+        raw: &Spanned<toml::Value>,
+        field: &str,
+        policy: &Policy,
+    ) -> Result<CostSource, ConfigError> {
+        let span = raw.span();
+        let limit = policy.limit();
+        match raw.get_ref() {
+            toml::Value::Integer(n) => match u64::try_from(*n) {
+                Ok(n) if (1..=limit).contains(&n) => Ok(CostSource::Fixed(FixedCost(n))),
+                _ => self.err(
+                    &span,
+                    field,
+                    format_args!(
+                        "a fixed cost must be from 1 to the policy's limit {limit}, got {n}"
+                    ),
+                ),
+            },
+            toml::Value::Table(t) => {
+                let mut header = None;
+                let mut numbers = [("default", 1_u64), ("min", 1), ("max", limit)];
+                for (k, v) in t {
+                    match (k.as_str(), v) {
+                        ("header", toml::Value::String(h)) => {
+                            match HeaderName::from_bytes(h.as_bytes()) {
+                                Ok(name) => header = Some(name),
+                                Err(_) => {
+                                    return self.err(
+                                        &span,
+                                        &format!("{field}.header"),
+                                        format_args!("{h:?} is not a header name"),
+                                    );
+                                }
+                            }
+                        }
+                        (name @ ("default" | "min" | "max"), toml::Value::Integer(n)) => {
+                            let Ok(n) = u64::try_from(*n) else {
+                                return self.err(
+                                    &span,
+                                    &format!("{field}.{name}"),
+                                    format_args!("must not be negative, got {n}"),
+                                );
+                            };
+                            if let Some(slot) = numbers.iter_mut().find(|(k, _)| *k == name) {
+                                slot.1 = n;
+                            }
+                        }
+                        (name, _) => return self.err(
+                            &span,
+                            &format!("{field}.{name}"),
+                            "expected header = \"NAME\" (a string) and integers default, min, max",
+                        ),
+                    }
+                }
+                let Some(header) = header else {
+                    return self.err(
+                        &span,
+                        &format!("{field}.header"),
+                        "missing: the header the cost is read from",
+                    );
+                };
+                let [(_, default), (_, min), (_, max)] = numbers;
+                HeaderCost::new(header, default, min, max)
+                    .map(CostSource::Header)
+                    .or_else(|e| self.err(&span, field, e))
+            }
+            other => self.err(
+                &span,
+                field,
+                format_args!("expected an integer or a table, got {}", other.type_str()),
+            ),
+        }
+    }
+}
+
+/// `250ms`, `1s`, `2m`: a number and a unit (ms, s, m).
+fn humantime_like(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    match unit.trim() {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+fn locate(text: &str, span: &Range<usize>, field: &str, message: &str) -> ConfigError {
+    let (line, column) = line_col(text, span.start);
+    ConfigError {
+        line,
+        column,
+        field: field.to_owned(),
+        message: message.trim().to_owned(),
+    }
+}
+
+/// 1-based line and column (in characters) of byte `offset`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// The key assigned on the line holding `offset` (`key = ...`), for errors from the TOML
+/// deserializer, which give a span but not always the field.
+fn key_on_line(text: &str, offset: usize) -> String {
+    let offset = offset.min(text.len());
+    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
+    let line = &text[start..end];
+    match line.split_once('=') {
+        Some((k, _)) if !k.trim().starts_with('[') && !k.trim().starts_with('#') => {
+            k.trim().to_owned()
+        }
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTE: &str = r#"
+[[route]]
+name = "api"
+path = "/api"
+key = "route"
+policy = "fixed-window:limit=10,window=1s"
+failure_mode = "closed"
+"#;
+
+    fn with(line: &str) -> String {
+        format!("{ROUTE}{line}\n")
+    }
+
+    fn error(text: &str) -> ConfigError {
+        PolicyFile::parse(text).unwrap_err()
+    }
+
+    #[test]
+    fn builtin_file_has_a_route_per_algorithm() {
+        let file = PolicyFile::builtin();
+        let algorithms: HashSet<_> = file
+            .routes
+            .iter()
+            .map(|r| r.policy.algorithm().name())
+            .collect();
+        assert_eq!(algorithms.len(), 3, "{algorithms:?}");
+        assert!(file.legacy_headers);
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_line() {
+        let e = error(&ROUTE.replace("limit=10", "limit=0"));
+        assert_eq!((e.line, e.field.as_str()), (6, "route[0].policy"), "{e}");
+        assert!(e.message.contains("limit must be at least 1"), "{e}");
+
+        let e = error(&ROUTE.replace("\"route\"", "\"cookie\""));
+        assert_eq!((e.line, e.field.as_str()), (5, "route[0].key"), "{e}");
+
+        let e = error(&ROUTE.replace("closed", "maybe"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (7, "route[0].failure_mode"),
+            "{e}"
+        );
+
+        let e = error(&with("expected_instances = 3"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "route[0].expected_instances"),
+            "{e}"
+        );
+
+        let e = error(&with("cost = 11"));
+        assert_eq!((e.line, e.field.as_str()), (8, "route[0].cost"), "{e}");
+
+        let e = error(&with("cost = { header = \"x-cost\", min = 5, max = 2 }"));
+        assert_eq!((e.line, e.field.as_str()), (8, "route[0].cost"), "{e}");
+
+        let e = error(&with("method = \"GE T\""));
+        assert_eq!((e.line, e.field.as_str()), (8, "route[0].method"), "{e}");
+
+        let e = error(&ROUTE.replace("\"api\"", "\"API\""));
+        assert_eq!((e.line, e.field.as_str()), (3, "route[0].name"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!("line 3, column 8: route[0].name: {}", e.message)
+        );
+    }
+
+    #[test]
+    fn serde_errors_name_the_field_and_the_line() {
+        let e = error(&with("burst = 3"));
+        assert_eq!(e.line, 8, "{e}");
+        assert!(e.message.contains("burst"), "{e}");
+        let e = error(&ROUTE.replace("\"closed\"", "3"));
+        assert_eq!((e.line, e.field.as_str()), (7, "failure_mode"), "{e}");
+        let e = error(&ROUTE.replace("policy = \"fixed-window:limit=10,window=1s\"\n", ""));
+        assert!(e.message.contains("missing field `policy`"), "{e}");
+        let e = error("legacy_headers = \n");
+        assert_eq!(e.line, 1, "{e}");
+    }
+
+    #[test]
+    fn overlapping_routes_and_names_are_refused() {
+        let twice = format!("{ROUTE}{}", ROUTE.replace("\"api\"\n", "\"api2\"\n"));
+        let e = error(&twice);
+        assert_eq!((e.line, e.field.as_str()), (11, "route[1].path"), "{e}");
+        let same_name = format!("{ROUTE}{}", ROUTE.replace("\"/api\"", "\"/other\""));
+        assert_eq!(error(&same_name).field, "route[1].name");
+        let get = with("method = \"get\"");
+        let post = ROUTE.replace("\"api\"\n", "\"api2\"\n") + "method = \"POST\"\n";
+        let file = PolicyFile::parse(&format!("{get}{post}")).unwrap();
+        assert_eq!(file.routes[0].method, Some(Method::GET));
+        assert_eq!(file.routes[1].line, 11);
+    }
+
+    #[test]
+    fn proxies_are_validated() {
+        let e = error("[proxies]\ntrusted = [\"10.0.0.0/8\", \"10.0.0.0/40\"]\n");
+        assert_eq!((e.line, e.field.as_str()), (2, "proxies.trusted[1]"), "{e}");
+        let e = error("[proxies]\nheader = \"x-real-ip\"\n");
+        assert_eq!((e.line, e.field.as_str()), (2, "proxies.header"), "{e}");
+        let ok =
+            PolicyFile::parse("[proxies]\ntrusted = [\"10.0.0.0/8\"]\nheader = \"Forwarded\"\n")
+                .unwrap();
+        assert_eq!(ok.proxies.header(), ForwardedHeader::Forwarded);
+    }
+
+    #[test]
+    fn timeouts_and_header_costs_parse() {
+        let f = PolicyFile::parse(&with(
+            "timeout = \"100ms\"\ncost = { header = \"x-cost\", max = 4 }",
+        ))
+        .unwrap();
+        assert_eq!(f.routes[0].timeout, Some(Duration::from_millis(100)));
+        let CostSource::Header(c) = &f.routes[0].cost else {
+            panic!()
+        };
+        assert_eq!((c.default_cost(), c.bounds()), (1, (1, 4)));
+        assert_eq!(error(&with("timeout = \"soon\"")).field, "route[0].timeout");
+    }
+}

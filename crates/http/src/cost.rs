@@ -1,0 +1,178 @@
+//! How much of the quota a request consumes: a [`CostFn`] reads it from the request — a
+//! fixed cost, or a number the client declares in a header within configured bounds (the
+//! items in a batch, the pages of an export).
+//!
+//! A cost above the route's capacity is not refused here: the limiter refuses it as invalid
+//! input and the layer answers 413, never 429, since waiting would not help.
+//!
+//! ```
+//! use axum::http::Request;
+//! use tollgate_http::{CostFn, HeaderCost};
+//!
+//! let cost = HeaderCost::new("x-cost".parse().unwrap(), 1, 1, 100).unwrap();
+//! let req = Request::builder().header("x-cost", "7").body(()).unwrap();
+//! assert_eq!(cost.cost(&req).unwrap(), 7);
+//! assert_eq!(cost.cost(&Request::new(())).unwrap(), 1); // the default
+//! let req = Request::builder().header("x-cost", "101").body(()).unwrap();
+//! assert_eq!(cost.cost(&req).unwrap_err().status().as_u16(), 400);
+//! ```
+
+use axum::http::{HeaderName, Request, StatusCode};
+
+use crate::key::Rejection;
+
+/// Reads the cost of a request (at least 1).
+pub trait CostFn: Clone + Send + Sync + 'static {
+    /// The cost of `request`, or why it is refused.
+    fn cost<B>(&self, request: &Request<B>) -> Result<u64, Rejection>;
+}
+
+/// Every request costs the same (1 by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedCost(pub u64);
+
+impl Default for FixedCost {
+    fn default() -> Self {
+        Self(1)
+    }
+}
+
+impl CostFn for FixedCost {
+    fn cost<B>(&self, _: &Request<B>) -> Result<u64, Rejection> {
+        Ok(self.0)
+    }
+}
+
+/// Why a [`HeaderCost`] could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cost bounds must satisfy 1 <= min <= default <= max, got min={min}, default={default}, max={max}"
+)]
+pub struct CostBoundsError {
+    /// The lower bound.
+    pub min: u64,
+    /// The default.
+    pub default: u64,
+    /// The upper bound.
+    pub max: u64,
+}
+
+/// The cost a client declares in a header, an integer in `min..=max`; `default` when the
+/// header is absent. A value that is not an integer or is out of bounds is refused with 400.
+#[derive(Debug, Clone)]
+pub struct HeaderCost {
+    name: HeaderName,
+    default: u64,
+    min: u64,
+    max: u64,
+}
+
+impl HeaderCost {
+    /// A cost read from header `name`, with its default and bounds (`1 <= min <= default <=
+    /// max`).
+    pub fn new(
+        name: HeaderName,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<Self, CostBoundsError> {
+        if min == 0 || min > default || default > max {
+            return Err(CostBoundsError { min, default, max });
+        }
+        Ok(Self {
+            name,
+            default,
+            min,
+            max,
+        })
+    }
+
+    /// The header's name.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+
+    /// The cost when the header is absent.
+    pub fn default_cost(&self) -> u64 {
+        self.default
+    }
+
+    /// The accepted bounds.
+    pub fn bounds(&self) -> (u64, u64) {
+        (self.min, self.max)
+    }
+}
+
+impl CostFn for HeaderCost {
+    fn cost<B>(&self, request: &Request<B>) -> Result<u64, Rejection> {
+        let Some(value) = request.headers().get(&self.name) else {
+            return Ok(self.default);
+        };
+        value
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .filter(|c| (self.min..=self.max).contains(c))
+            .ok_or_else(|| {
+                Rejection::new(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "{} must be an integer from {} to {}",
+                        self.name, self.min, self.max
+                    ),
+                )
+            })
+    }
+}
+
+/// A cost function chosen at run time, as the policy file's `cost` field does.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum CostSource {
+    /// `cost = N`.
+    Fixed(FixedCost),
+    /// `cost = { header = "x-cost", default = 1, min = 1, max = 100 }`.
+    Header(HeaderCost),
+}
+
+impl Default for CostSource {
+    fn default() -> Self {
+        Self::Fixed(FixedCost::default())
+    }
+}
+
+impl CostFn for CostSource {
+    fn cost<B>(&self, request: &Request<B>) -> Result<u64, Rejection> {
+        match self {
+            Self::Fixed(c) => c.cost(request),
+            Self::Header(c) => c.cost(request),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_checked_at_construction() {
+        let name = HeaderName::from_static("x-cost");
+        assert!(HeaderCost::new(name.clone(), 1, 0, 5).is_err());
+        assert!(HeaderCost::new(name.clone(), 6, 1, 5).is_err());
+        assert!(HeaderCost::new(name.clone(), 1, 2, 5).is_err());
+        assert!(HeaderCost::new(name, 5, 5, 5).is_ok());
+    }
+
+    #[test]
+    fn unparsable_values_are_refused() {
+        let cost = HeaderCost::new(HeaderName::from_static("x-cost"), 1, 1, 10).unwrap();
+        for bad in ["0", "-1", "1.5", "ten", ""] {
+            let req = Request::builder().header("x-cost", bad).body(()).unwrap();
+            assert_eq!(
+                cost.cost(&req).unwrap_err().status(),
+                StatusCode::BAD_REQUEST,
+                "{bad:?}"
+            );
+        }
+    }
+}

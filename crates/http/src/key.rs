@@ -1,0 +1,202 @@
+//! Which bucket a request draws from: a [`KeyExtractor`] reads the identity (client IP, a
+//! header, the authenticated user, the route) from the request. The identity is arbitrary
+//! client-controlled bytes; the limiter escapes or hashes it into a [`Key`](tollgate::Key).
+//!
+//! ```
+//! use axum::http::Request;
+//! use tollgate_http::{HeaderKey, KeyExtractor};
+//!
+//! let key = HeaderKey::new("x-api-key".parse().unwrap());
+//! let req = Request::builder().header("x-api-key", "k-123").body(()).unwrap();
+//! assert_eq!(key.extract(&req).unwrap(), b"k-123");
+//! let anonymous = Request::new(());
+//! assert_eq!(key.extract(&anonymous).unwrap_err().status().as_u16(), 400);
+//! ```
+
+use std::borrow::Cow;
+
+use axum::extract::MatchedPath;
+use axum::http::{HeaderName, Request, StatusCode};
+
+use crate::client_ip::ClientIpKey;
+
+/// A request the rate-limit layer refuses before asking the limiter: no key could be found,
+/// or the cost is unreadable. Answered with its status and message, never with 429.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    status: StatusCode,
+    message: Cow<'static, str>,
+}
+
+impl Rejection {
+    /// A rejection answered with `status` and a one-line `message`.
+    pub fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// The status code.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The message sent as the body.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// Reads the identity of a request's bucket.
+///
+/// Implement it for your own keys (tenant id from a JWT claim, ...); the built-in ones are
+/// [`ClientIpKey`], [`HeaderKey`], [`UserKey`] and [`RouteKey`], and [`KeySource`] chooses
+/// among them at run time (as the policy file does).
+pub trait KeyExtractor: Clone + Send + Sync + 'static {
+    /// The identity of `request`'s bucket (non-empty), or why the request is refused.
+    fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection>;
+}
+
+/// Keys a request by the value of one header (an API key, a tenant id). A request without
+/// it, or with an empty value, is refused with 400.
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    name: HeaderName,
+}
+
+impl HeaderKey {
+    /// Keys by the header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+
+    /// The header's name.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl KeyExtractor for HeaderKey {
+    fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
+        match request.headers().get(&self.name) {
+            Some(v) if !v.is_empty() => Ok(v.as_bytes().to_vec()),
+            _ => Err(Rejection::new(
+                StatusCode::BAD_REQUEST,
+                format!("missing {} header", self.name),
+            )),
+        }
+    }
+}
+
+/// The authenticated user of a request, put in its extensions by your authentication layer
+/// (which must run before the rate-limit layer), and read by [`UserKey`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AuthenticatedUser(pub String);
+
+/// Keys a request by its [`AuthenticatedUser`] extension. A request without one is refused
+/// with 401.
+///
+/// ```
+/// use axum::http::Request;
+/// use tollgate_http::{AuthenticatedUser, KeyExtractor, UserKey};
+///
+/// let mut req = Request::new(());
+/// assert_eq!(UserKey.extract(&req).unwrap_err().status().as_u16(), 401);
+/// req.extensions_mut().insert(AuthenticatedUser("alice".into()));
+/// assert_eq!(UserKey.extract(&req).unwrap(), b"alice");
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UserKey;
+
+impl KeyExtractor for UserKey {
+    fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
+        match request.extensions().get::<AuthenticatedUser>() {
+            Some(AuthenticatedUser(user)) if !user.is_empty() => Ok(user.as_bytes().to_vec()),
+            _ => Err(Rejection::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication required",
+            )),
+        }
+    }
+}
+
+/// One bucket for the whole route, shared by every client: axum's [`MatchedPath`] (the
+/// route template, `/items/{id}`), or the request path when the router did not record one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteKey;
+
+impl KeyExtractor for RouteKey {
+    fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
+        let path = request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or_else(|| request.uri().path(), MatchedPath::as_str);
+        Ok(if path.is_empty() { "/" } else { path }.as_bytes().to_vec())
+    }
+}
+
+/// A key extractor chosen at run time, as the policy file's `key` field does.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum KeySource {
+    /// `key = "ip"`: the client IP.
+    ClientIp(ClientIpKey),
+    /// `key = "header:NAME"`: a header's value.
+    Header(HeaderKey),
+    /// `key = "user"`: the authenticated user.
+    User(UserKey),
+    /// `key = "route"`: one bucket for the route.
+    Route(RouteKey),
+}
+
+impl KeyExtractor for KeySource {
+    fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
+        match self {
+            Self::ClientIp(k) => k.extract(request),
+            Self::Header(k) => k.extract(request),
+            Self::User(k) => k.extract(request),
+            Self::Route(k) => k.extract(request),
+        }
+    }
+}
+
+impl KeySource {
+    /// The policy-file spelling: `ip`, `header:NAME`, `user` or `route`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::ClientIp(_) => "ip".into(),
+            Self::Header(h) => format!("header:{}", h.name()),
+            Self::User(_) => "user".into(),
+            Self::Route(_) => "route".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_key_prefers_the_matched_template() {
+        let req = Request::builder().uri("/items/42").body(()).unwrap();
+        assert_eq!(RouteKey.extract(&req).unwrap(), b"/items/42");
+    }
+
+    #[test]
+    fn empty_header_and_empty_user_are_refused() {
+        let key = HeaderKey::new(HeaderName::from_static("x-api-key"));
+        let req = Request::builder().header("x-api-key", "").body(()).unwrap();
+        assert_eq!(
+            key.extract(&req).unwrap_err().status(),
+            StatusCode::BAD_REQUEST
+        );
+        let mut req = Request::new(());
+        req.extensions_mut()
+            .insert(AuthenticatedUser(String::new()));
+        assert_eq!(
+            UserKey.extract(&req).unwrap_err().status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! The tower [`Layer`] and [`Service`]: one [`Limiter`] (policy, store, failure mode) guarding
+//! the services it wraps, keyed by a [`KeyExtractor`] and weighted by a [`CostFn`].
+//!
+//! Put one layer on each route that needs its own quota:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{Router, routing::post};
+//! use tollgate::{FailureMode, Limiter, LocalStore, Policy};
+//! use tollgate_http::{ClientIpKey, RateLimitLayer, TrustedProxies};
+//!
+//! let login = Limiter::builder("login", "sliding-log:limit=5,window=1m".parse::<Policy>().unwrap())
+//!     .store(Arc::new(LocalStore::new()))
+//!     .failure_mode(FailureMode::Closed)
+//!     .build()
+//!     .unwrap();
+//! let app: Router = Router::new().route(
+//!     "/login",
+//!     post(|| async { "welcome" })
+//!         .layer(RateLimitLayer::new(login, ClientIpKey::new(TrustedProxies::none()))),
+//! );
+//! // axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
+//! ```
+//!
+//! An admitted request reaches the inner service with its [`Decision`] in the request
+//! extensions (`axum::Extension<Decision>`), and its response gets the quota fields. The
+//! other outcomes are answered by the layer itself; see [`crate::response`].
+//!
+//! `Degraded` and `Bypassed` decisions look like ordinary ones to the client; they are
+//! logged (`tracing`, target `tollgate_http`) and counted in
+//! `tollgate_http_responses_total{route, status, enforcement}` (the limiter itself counts
+//! `tollgate_decisions_total{operation, outcome, enforcement}`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::http::{Request, Response};
+use tollgate::{Enforcement, Limiter};
+use tower::{Layer, Service};
+
+use crate::cost::{CostFn, FixedCost};
+use crate::key::KeyExtractor;
+use crate::response::RateLimitResponses;
+
+/// Rate-limits the services it wraps with one [`Limiter`]; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer<K, C = FixedCost> {
+    limiter: Limiter,
+    key: K,
+    cost: C,
+    responses: RateLimitResponses,
+}
+
+impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
+    /// Limits with `limiter`, keyed by `key`, each request costing 1. The policy name in the
+    /// response fields is the limiter's operation.
+    pub fn new(limiter: Limiter, key: K) -> Self {
+        let responses = RateLimitResponses::new(limiter.operation(), limiter.policy());
+        Self {
+            limiter,
+            key,
+            cost: FixedCost::default(),
+            responses,
+        }
+    }
+}
+
+impl<K: KeyExtractor, C: CostFn> RateLimitLayer<K, C> {
+    /// Weighs each request with `cost` instead.
+    pub fn cost<C2: CostFn>(self, cost: C2) -> RateLimitLayer<K, C2> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            key: self.key,
+            cost,
+            responses: self.responses,
+        }
+    }
+
+    /// Also sends the legacy `X-RateLimit-*` headers (off by default).
+    #[must_use]
+    pub fn legacy_headers(mut self, enabled: bool) -> Self {
+        self.responses = self.responses.legacy_headers(enabled);
+        self
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    /// The response builder.
+    pub fn responses(&self) -> &RateLimitResponses {
+        &self.responses
+    }
+}
+
+impl<S, K: KeyExtractor, C: CostFn> Layer<S> for RateLimitLayer<K, C> {
+    type Service = RateLimit<S, K, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            shared: Arc::new(Shared {
+                limiter: self.limiter.clone(),
+                key: self.key.clone(),
+                cost: self.cost.clone(),
+                responses: self.responses.clone(),
+            }),
+        }
+    }
+}
+
+/// The service built by [`RateLimitLayer`].
+#[derive(Debug)]
+pub struct RateLimit<S, K, C> {
+    inner: S,
+    shared: Arc<Shared<K, C>>,
+}
+
+impl<S: Clone, K, C> Clone for RateLimit<S, K, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared<K, C> {
+    limiter: Limiter,
+    key: K,
+    cost: C,
+    responses: RateLimitResponses,
+}
+
+/// The future of [`RateLimit`]: boxed, as it awaits the limiter and then the inner service.
+pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, K, C, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, K, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    K: KeyExtractor,
+    C: CostFn,
+    ReqB: Send + 'static,
+    ResB: From<String> + Send + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Response<ResB>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
+        // Take the service that was polled ready; leave a fresh clone for the next call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let route = shared.limiter.operation();
+            let responses = &shared.responses;
+            let decided = shared
+                .key
+                .extract(&request)
+                .and_then(|key| Ok((key, shared.cost.cost(&request)?)));
+            let (key, cost) = match decided {
+                Ok(v) => v,
+                Err(rejection) => {
+                    count(route, rejection.status().as_u16(), "none");
+                    return Ok(responses.rejected(&rejection));
+                }
+            };
+            let decision = match shared.limiter.check([key], cost).await {
+                Ok(d) => d,
+                Err(error) => {
+                    let response = responses.error(&error);
+                    tracing::debug!(target: "tollgate_http", route, status = response.status().as_u16(), %error, "rate limiter could not decide");
+                    count(route, response.status().as_u16(), "none");
+                    return Ok(response);
+                }
+            };
+            if decision.enforcement != Enforcement::Shared {
+                tracing::info!(
+                    target: "tollgate_http",
+                    route,
+                    enforcement = decision.enforcement.as_str(),
+                    allowed = decision.allowed,
+                    "decided without the shared store"
+                );
+            }
+            if !decision.allowed {
+                count(route, 429, decision.enforcement.as_str());
+                return Ok(responses.denied(&decision));
+            }
+            request.extensions_mut().insert(decision.clone());
+            let mut response = inner.call(request).await?;
+            responses.decorate(&decision, response.headers_mut());
+            count(
+                route,
+                response.status().as_u16(),
+                decision.enforcement.as_str(),
+            );
+            Ok(response)
+        })
+    }
+}
+
+fn count(route: &str, status: u16, enforcement: &'static str) {
+    metrics::counter!(
+        "tollgate_http_responses_total",
+        "route" => route.to_owned(),
+        "status" => status.to_string(),
+        "enforcement" => enforcement
+    )
+    .increment(1);
+}

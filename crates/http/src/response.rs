@@ -1,0 +1,279 @@
+//! Every response the layer sends or decorates, built from one [`Decision`] so that the
+//! status, `Retry-After` and the quota fields always agree.
+//!
+//! The quota fields follow the IETF httpapi draft "RateLimit header fields for HTTP"
+//! (draft-ietf-httpapi-ratelimit-headers, revisions 08-11): two Structured Fields lists
+//! (RFC 9651) whose items are the policy name as an sf-string.
+//!
+//! - `RateLimit-Policy: "login";q=5;w=60` — the quota `q` per time window `w` (seconds).
+//! - `RateLimit: "login";r=4;t=12` — `r` units remain; the quota resets in `t` seconds.
+//!
+//! | outcome | status | `Retry-After` | `RateLimit-Policy` | `RateLimit` |
+//! |---|---|---|---|---|
+//! | allowed | the handler's | — | yes | yes |
+//! | denied | 429 | whole seconds, rounded up | yes | yes (`r` as decided) |
+//! | cost above capacity | 413 | — | yes | — |
+//! | other invalid input, refused key or cost | 400 / 401 | — | — | — |
+//! | limiter unavailable (`Closed`) | 503 | — | — | — |
+//! | store error (a bug) | 500 | — | — | — |
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{Decision, Policy};
+//! use tollgate_http::RateLimitResponses;
+//!
+//! let responses = RateLimitResponses::new("login", &Policy::sliding_log(5, Duration::from_secs(60)).unwrap());
+//! assert_eq!(responses.policy_field(), r#""login";q=5;w=60"#);
+//! let denied = Decision::shared(false, 5, 0, Some(11_200_000), 11_200_000);
+//! let resp = responses.denied::<String>(&denied);
+//! assert_eq!(resp.status(), 429);
+//! assert_eq!(resp.headers()["retry-after"], "12");
+//! assert_eq!(resp.headers()["ratelimit"], r#""login";r=0;t=12"#);
+//! ```
+
+use std::fmt::Write as _;
+
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use tollgate::{Algorithm, Decision, Error, Policy, PolicyError, StoreError};
+
+use crate::key::Rejection;
+
+/// `RateLimit-Policy`: the quota policy.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: the current state of the quota.
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset` (seconds from now, not a timestamp).
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Builds the responses of one route from its policy name and policy.
+#[derive(Debug, Clone)]
+pub struct RateLimitResponses {
+    name: String,
+    policy_field: HeaderValue,
+    legacy: bool,
+}
+
+impl RateLimitResponses {
+    /// Responses for the policy `name` (usually the limiter's operation) enforcing `policy`.
+    pub fn new(name: &str, policy: &Policy) -> Self {
+        let mut field = sf_string(name);
+        let _ = write!(field, ";q={}", policy.limit());
+        if let Some(w) = window_secs(policy) {
+            let _ = write!(field, ";w={w}");
+        }
+        Self {
+            name: name.to_owned(),
+            policy_field: HeaderValue::try_from(field).expect("an sf-string is a valid header"),
+            legacy: false,
+        }
+    }
+
+    /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
+    /// (seconds from now) for clients that predate the draft. Off by default.
+    #[must_use]
+    pub fn legacy_headers(mut self, enabled: bool) -> Self {
+        self.legacy = enabled;
+        self
+    }
+
+    /// The policy name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The `RateLimit-Policy` value.
+    pub fn policy_field(&self) -> &HeaderValue {
+        &self.policy_field
+    }
+
+    /// The `RateLimit` value for `decision`: `r` = remaining, `t` = seconds until the bucket
+    /// is back to its initial state, rounded up.
+    pub fn ratelimit_field(&self, decision: &Decision) -> HeaderValue {
+        let mut field = sf_string(&self.name);
+        let _ = write!(
+            field,
+            ";r={};t={}",
+            decision.remaining,
+            decision.reset_after_secs()
+        );
+        HeaderValue::try_from(field).expect("an sf-string is a valid header")
+    }
+
+    /// Adds the quota fields of `decision` to `headers` (for an admitted request's response).
+    pub fn decorate(&self, decision: &Decision, headers: &mut HeaderMap) {
+        headers.insert(RATELIMIT_POLICY.clone(), self.policy_field.clone());
+        headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
+        if self.legacy {
+            headers.insert(X_RATELIMIT_LIMIT.clone(), decision.limit.into());
+            headers.insert(X_RATELIMIT_REMAINING.clone(), decision.remaining.into());
+            headers.insert(
+                X_RATELIMIT_RESET.clone(),
+                decision.reset_after_secs().into(),
+            );
+        }
+    }
+
+    /// 429 for a denied `decision`: `Retry-After` in whole seconds rounded up (at least 1),
+    /// the quota fields, and a one-line body.
+    pub fn denied<B: From<String>>(&self, decision: &Decision) -> Response<B> {
+        // A denial always carries a wait; 1 s is the floor should a store ever omit it.
+        let retry = decision.retry_after_secs().unwrap_or(1).max(1);
+        let mut resp = text(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "rate limit exceeded for {}; retry in {retry} s\n",
+                self.name
+            ),
+        );
+        resp.headers_mut().insert(RETRY_AFTER, retry.into());
+        self.decorate(decision, resp.headers_mut());
+        resp
+    }
+
+    /// The answer when the limiter could not decide: 413 for a cost above the policy's
+    /// capacity (with `RateLimit-Policy`, so the client sees the largest cost it may ask
+    /// for), 400 for other invalid input, 503 when the store is unavailable and the route
+    /// fails closed, 500 for a store error (a bug). None carries `Retry-After` or `RateLimit`.
+    pub fn error<B: From<String>>(&self, error: &Error) -> Response<B> {
+        match error {
+            Error::Invalid(StoreError::InvalidPolicy(
+                e @ PolicyError::CostAboveCapacity { .. },
+            )) => {
+                let mut resp = text(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}\n"));
+                resp.headers_mut()
+                    .insert(RATELIMIT_POLICY.clone(), self.policy_field.clone());
+                resp
+            }
+            Error::Invalid(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            Error::Unavailable { .. } => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "rate limiter unavailable\n".to_owned(),
+            ),
+            _ => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "rate limiter error\n".to_owned(),
+            ),
+        }
+    }
+
+    /// The answer to a request refused before the limiter was asked (no key, bad cost).
+    pub fn rejected<B: From<String>>(&self, rejection: &Rejection) -> Response<B> {
+        text(rejection.status(), format!("{}\n", rejection.message()))
+    }
+}
+
+fn text<B: From<String>>(status: StatusCode, body: String) -> Response<B> {
+    let mut resp = Response::new(B::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// The policy's time window in whole seconds (rounded up): the window, or the time an empty
+/// token bucket takes to refill.
+fn window_secs(policy: &Policy) -> Option<u64> {
+    let micros = match policy.algorithm() {
+        Algorithm::TokenBucket(tb) => tb.fill_micros(),
+        Algorithm::FixedWindow(fw) => fw.window_micros,
+        Algorithm::SlidingLog(sl) => sl.window_micros,
+        _ => return None,
+    };
+    Some(micros.div_ceil(1_000_000))
+}
+
+/// An RFC 9651 sf-string: printable ASCII in quotes, `"` and `\` escaped; anything else
+/// (which a valid operation name never contains) becomes `?`.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate::Rate;
+
+    use super::*;
+
+    #[test]
+    fn policy_field_has_quota_and_window() {
+        let tb = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
+        assert_eq!(
+            RateLimitResponses::new("search", &tb).policy_field(),
+            r#""search";q=10;w=5"#
+        );
+        let fw = Policy::fixed_window(100, Duration::from_millis(1500)).unwrap();
+        assert_eq!(
+            RateLimitResponses::new("api", &fw).policy_field(),
+            r#""api";q=100;w=2"#
+        );
+    }
+
+    #[test]
+    fn allowed_fields_and_legacy_headers_come_from_the_decision() {
+        let p = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+        let r = RateLimitResponses::new("api", &p).legacy_headers(true);
+        let d = Decision::shared(true, 10, 7, None, 30_000_001);
+        let mut h = HeaderMap::new();
+        r.decorate(&d, &mut h);
+        assert_eq!(h["ratelimit"], r#""api";r=7;t=31"#);
+        assert_eq!(h["x-ratelimit-limit"], "10");
+        assert_eq!(h["x-ratelimit-remaining"], "7");
+        assert_eq!(h["x-ratelimit-reset"], "31");
+        assert!(h.get(RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn errors_never_carry_retry_after_or_quota_state() {
+        let p = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+        let r = RateLimitResponses::new("api", &p);
+        let too_big = Error::from(PolicyError::CostAboveCapacity { cost: 11, max: 10 });
+        let resp = r.error::<String>(&too_big);
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(resp.headers().get(RETRY_AFTER).is_none());
+        assert!(resp.headers().get(&RATELIMIT).is_none());
+        assert_eq!(resp.headers()[&RATELIMIT_POLICY], r#""api";q=10;w=60"#);
+        let zero = Error::from(PolicyError::ZeroCost);
+        assert_eq!(r.error::<String>(&zero).status(), StatusCode::BAD_REQUEST);
+        let down = Error::Unavailable {
+            operation: "api".into(),
+            source: StoreError::Timeout(Duration::from_millis(5)),
+        };
+        let resp = r.error::<String>(&down);
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(resp.headers().get(RETRY_AFTER).is_none());
+        assert!(resp.headers().get(&RATELIMIT_POLICY).is_none());
+        let bug = Error::Store(StoreError::Script("oops".into()));
+        assert_eq!(
+            r.error::<String>(&bug).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+
+    #[test]
+    fn sf_strings_are_escaped() {
+        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(sf_string("é"), r#""?""#);
+    }
+}
