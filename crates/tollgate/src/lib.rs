@@ -23,6 +23,7 @@
 //! See the [`guide`] for choosing an algorithm and a failure mode.
 
 mod breaker;
+mod deny_cache;
 pub mod guide;
 mod limiter;
 

@@ -10,6 +10,7 @@ use tollgate_core::{
 use tollgate_local::LocalStore;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit, Transition};
+use crate::deny_cache::DenyCache;
 
 /// Default deadline for one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -104,9 +105,20 @@ pub struct LimiterBuilder {
     failure_mode: Option<FailureMode>,
     timeout: Duration,
     breaker: BreakerConfig,
+    deny_cache: Option<usize>,
 }
 
 impl LimiterBuilder {
+    /// Opt in to a local cache of denials holding up to `max_entries` keys: a key the store
+    /// denied until a known instant is then denied locally, with zero round trips, until that
+    /// instant (for requests of the same or a larger cost). Exact for every algorithm — between
+    /// a denial and its `retry_after` other instances can only consume — and invalidated by
+    /// [`Limiter::reset`] and by any policy change (fingerprint or generation).
+    pub fn deny_cache(mut self, max_entries: usize) -> Self {
+        self.deny_cache = Some(max_entries);
+        self
+    }
+
     /// Circuit breaker settings (default: open after 5 consecutive failures, probe every
     /// 500 ms).
     pub fn breaker(mut self, config: BreakerConfig) -> Self {
@@ -162,6 +174,7 @@ impl LimiterBuilder {
                 degraded_policy,
                 timeout: self.timeout,
                 breaker: Breaker::new(self.breaker),
+                deny_cache: self.deny_cache.map(DenyCache::new),
             }),
         })
     }
@@ -181,6 +194,7 @@ struct Inner {
     degraded_policy: Option<Policy>,
     timeout: Duration,
     breaker: Breaker,
+    deny_cache: Option<DenyCache>,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -205,6 +219,7 @@ impl Limiter {
             failure_mode: None,
             timeout: DEFAULT_TIMEOUT,
             breaker: BreakerConfig::default(),
+            deny_cache: None,
         }
     }
 
@@ -249,6 +264,13 @@ impl Limiter {
         let inner = &*self.inner;
         inner.policy.check_cost(cost)?;
         let started = Instant::now();
+        if let Some(cache) = &inner.deny_cache
+            && let Some(decision) = cache.lookup(key, &inner.policy, cost, started)
+        {
+            let outcome = Ok(decision);
+            record(inner, &outcome, started);
+            return outcome;
+        }
         let (permit, transition) = inner.breaker.permit();
         self.report(transition);
         let outcome = if permit == Permit::Skip {
@@ -270,6 +292,11 @@ impl Limiter {
             match result {
                 Ok(decision) => {
                     self.report(inner.breaker.on_success(permit));
+                    if !decision.allowed
+                        && let Some(cache) = &inner.deny_cache
+                    {
+                        cache.insert(key, &inner.policy, cost, &decision, started);
+                    }
                     Ok(decision)
                 }
                 Err(e) => self.on_store_error(key, cost, permit, e),
@@ -277,6 +304,36 @@ impl Limiter {
         };
         record(inner, &outcome, started);
         outcome
+    }
+
+    /// Forgets the bucket identified by `parts` in the store (and any cached denial of it):
+    /// the next check sees a fresh bucket.
+    pub async fn reset<I, P>(&self, parts: I) -> Result<(), Error>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        let key = self.key(parts)?;
+        let inner = &*self.inner;
+        if let Some(cache) = &inner.deny_cache {
+            cache.remove(&key);
+        }
+        let call = inner.store.reset(&key, &inner.policy);
+        match tokio::time::timeout(inner.timeout, call).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if e.class() == ErrorClass::Invalid => Err(Error::Invalid(e)),
+            Ok(Err(e)) if matches!(e.class(), ErrorClass::Unavailable | ErrorClass::Busy) => {
+                Err(Error::Unavailable {
+                    operation: inner.operation.clone(),
+                    source: e,
+                })
+            }
+            Ok(Err(e)) => Err(Error::Store(e)),
+            Err(_) => Err(Error::Unavailable {
+                operation: inner.operation.clone(),
+                source: StoreError::Timeout(inner.timeout),
+            }),
+        }
     }
 
     /// The circuit breaker's current state.

@@ -1,0 +1,195 @@
+//! An opt-in local cache of denials: a key the store denied until a known instant is answered
+//! locally, with zero round trips, until then.
+//!
+//! Exact, not approximate: every algorithm here only ever *consumes* from a bucket between a
+//! denial and its `retry_after`, so nothing another instance does can make a request of the
+//! same or larger cost admissible earlier. Only a reset or a policy change can, and both
+//! invalidate the entry (the entry remembers the policy's fingerprint and generation, and
+//! [`crate::Limiter::reset`] removes it). The deadline is measured from when the request was
+//! *sent*, which is no later than when the store decided, so the cache never denies longer than
+//! the store would have.
+
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use tollgate_core::{Decision, Key, Policy};
+
+struct Entry {
+    until: Instant,
+    min_cost: u64,
+    policy: (u64, u64),
+    limit: u64,
+    remaining: u64,
+    reset_until: Instant,
+}
+
+pub(crate) struct DenyCache {
+    entries: DashMap<Key, Entry, foldhash::fast::RandomState>,
+    max_entries: usize,
+}
+
+impl DenyCache {
+    pub(crate) fn new(max_entries: usize) -> Self {
+        Self {
+            entries: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            max_entries,
+        }
+    }
+
+    /// A denial for `cost` on `key`, if one is cached and still in force at `now`.
+    pub(crate) fn lookup(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        now: Instant,
+    ) -> Option<Decision> {
+        let hit = {
+            let e = self.entries.get(key)?;
+            if now < e.until && cost >= e.min_cost && e.policy == identity(policy) {
+                Some(Decision {
+                    allowed: false,
+                    limit: e.limit,
+                    remaining: e.remaining,
+                    retry_after: Some(e.until - now),
+                    reset_after: e.reset_until.saturating_duration_since(now),
+                    enforcement: tollgate_core::Enforcement::Shared,
+                })
+            } else {
+                None
+            }
+        };
+        if hit.is_none() {
+            self.entries
+                .remove_if(key, |_, e| now >= e.until || e.policy != identity(policy));
+        }
+        hit
+    }
+
+    /// Remembers a shared denial of `cost` on `key` for a request sent at `sent`.
+    pub(crate) fn insert(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        decision: &Decision,
+        sent: Instant,
+    ) {
+        let Some(retry) = decision.retry_after else {
+            return;
+        };
+        if retry < MIN_WORTH_CACHING {
+            return;
+        }
+        if self.entries.len() >= self.max_entries {
+            // Full: drop what has lapsed; if nothing has, do not cache (never unbounded).
+            let now = Instant::now();
+            self.entries.retain(|_, e| now < e.until);
+            if self.entries.len() >= self.max_entries {
+                return;
+            }
+        }
+        let entry = Entry {
+            until: sent + retry,
+            min_cost: cost,
+            policy: identity(policy),
+            limit: decision.limit,
+            remaining: decision.remaining,
+            reset_until: sent + decision.reset_after,
+        };
+        match self.entries.entry(key.clone()) {
+            dashmap::Entry::Occupied(mut o) => {
+                // A smaller denied cost covers more requests; keep the one that covers most.
+                if o.get().until <= entry.until || entry.min_cost <= o.get().min_cost {
+                    o.insert(entry);
+                }
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(entry);
+            }
+        }
+    }
+
+    pub(crate) fn remove(&self, key: &Key) {
+        self.entries.remove(key);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// Denials shorter than this are not worth an entry.
+const MIN_WORTH_CACHING: Duration = Duration::from_millis(1);
+
+fn identity(policy: &Policy) -> (u64, u64) {
+    (policy.fingerprint(), policy.generation())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::Rate;
+
+    fn denial(retry_ms: u64) -> Decision {
+        Decision::shared(false, 10, 0, Some(retry_ms * 1000), 10_000_000)
+    }
+
+    #[test]
+    fn answers_same_or_larger_costs_until_the_deadline_then_forgets() {
+        let cache = DenyCache::new(100);
+        let key = Key::new("op", ["k"]).unwrap();
+        let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+        let t0 = Instant::now();
+        cache.insert(&key, &p, 3, &denial(500), t0);
+        let hit = cache
+            .lookup(&key, &p, 3, t0 + Duration::from_millis(100))
+            .unwrap();
+        assert_eq!(hit.retry_after, Some(Duration::from_millis(400)));
+        assert!(
+            cache.lookup(&key, &p, 5, t0).is_some(),
+            "a larger cost is denied too"
+        );
+        assert!(
+            cache.lookup(&key, &p, 2, t0).is_none(),
+            "a smaller cost may fit"
+        );
+        assert!(
+            cache
+                .lookup(&key, &p, 3, t0 + Duration::from_millis(500))
+                .is_none()
+        );
+        assert_eq!(cache.len(), 0, "a lapsed entry is dropped");
+    }
+
+    #[test]
+    fn a_policy_change_invalidates() {
+        let cache = DenyCache::new(100);
+        let key = Key::new("op", ["k"]).unwrap();
+        let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+        let t0 = Instant::now();
+        cache.insert(&key, &p, 1, &denial(500), t0);
+        assert!(cache.lookup(&key, &p.with_generation(1), 1, t0).is_none());
+        let bigger = Policy::token_bucket(20, Rate::per_second(1)).unwrap();
+        cache.insert(&key, &p, 1, &denial(500), t0);
+        assert!(cache.lookup(&key, &bigger, 1, t0).is_none());
+    }
+
+    #[test]
+    fn never_grows_past_its_cap() {
+        let cache = DenyCache::new(2);
+        let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+        let t0 = Instant::now();
+        for i in 0..10 {
+            cache.insert(
+                &Key::new("op", [format!("{i}")]).unwrap(),
+                &p,
+                1,
+                &denial(500),
+                t0,
+            );
+        }
+        assert_eq!(cache.len(), 2);
+    }
+}
