@@ -47,6 +47,10 @@ pub(crate) struct LoadArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Give each instance a local deny cache of this many keys (zero round trips for a key
+    /// denied until a known instant).
+    #[arg(long, value_name = "KEYS")]
+    deny_cache: Option<usize>,
     /// After the run, run `redis-benchmark` with the same script, arguments, key shape and
     /// concurrency on the same server (pipeline 1 and 16) and report tollgate's ratio to it.
     #[arg(long, requires = "redis")]
@@ -131,13 +135,16 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     );
     let mut limiters = Vec::with_capacity(args.instances);
     for _ in 0..args.instances {
-        limiters.push(
-            Limiter::builder("load", args.policy)
+        limiters.push({
+            let mut b = Limiter::builder("load", args.policy)
                 .store(args.store.connect().await?)
                 .failure_mode(FailureMode::Closed)
-                .timeout(args.store.timeout)
-                .build()?,
-        );
+                .timeout(args.store.timeout);
+            if let Some(n) = args.deny_cache {
+                b = b.deny_cache(n);
+            }
+            b.build()?
+        });
     }
 
     let counters = Arc::new(Counters::default());
