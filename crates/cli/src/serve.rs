@@ -60,7 +60,15 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
             .timeout(route.timeout.unwrap_or(args.store.timeout))
             .build()?;
         let layer = route.layer(limiter, file.legacy_headers);
-        app = app.route(&route.path, demo_handler(route)?.layer(layer));
+        // route_layer: a 405 for another method consumes no quota. `any` has no per-method
+        // routes to attach to, so it takes the layer itself.
+        let handler = demo_handler(route)?;
+        let handler = if route.method.is_some() {
+            handler.route_layer(layer)
+        } else {
+            handler.layer(layer)
+        };
+        app = app.route(&route.path, handler);
     }
     let index = index_text(&file, args.store.label());
     app = app
@@ -157,6 +165,7 @@ fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 

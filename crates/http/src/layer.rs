@@ -17,10 +17,14 @@
 //! let app: Router = Router::new().route(
 //!     "/login",
 //!     post(|| async { "welcome" })
-//!         .layer(RateLimitLayer::new(login, ClientIpKey::new(TrustedProxies::none()))),
+//!         .route_layer(RateLimitLayer::new(login, ClientIpKey::new(TrustedProxies::none()))),
 //! );
 //! // axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
 //! ```
+//!
+//! Attach it with `route_layer` (on a `MethodRouter` or a `Router`): it then runs only for
+//! requests that match a route and method, so a 404 or 405 never consumes quota. (A
+//! `MethodRouter` built with `any` has no per-method routes: give it `layer` instead.)
 //!
 //! An admitted request reaches the inner service with its [`Decision`] in the request
 //! extensions (`axum::Extension<Decision>`), and its response gets the quota fields. The

@@ -22,7 +22,7 @@
 //!     .unwrap();
 //! let layer = RateLimitLayer::new(limiter, HeaderKey::new("x-api-key".parse().unwrap()))
 //!     .cost(HeaderCost::new("x-cost".parse().unwrap(), 1, 1, 100).unwrap());
-//! let app: Router = Router::new().route("/api/search", get(|| async { "results" }).layer(layer));
+//! let app: Router = Router::new().route("/api/search", get(|| async { "results" }).route_layer(layer));
 //! ```
 //!
 //! See `docs/http.md` in the repository for the full behaviour, status codes and policy file.

@@ -70,7 +70,10 @@ fn app(store: &Arc<dyn Store>, mode: impl Fn() -> FailureMode) -> Router {
         let layer = RateLimitLayer::new(limiter, ClientIpKey::new(TrustedProxies::none()))
             .cost(HeaderCost::new("x-cost".parse().unwrap(), 1, 1, 100).unwrap())
             .legacy_headers(true);
-        app = app.route(&format!("/{name}"), get(|| async { "ok" }).layer(layer));
+        app = app.route(
+            &format!("/{name}"),
+            get(|| async { "ok" }).route_layer(layer),
+        );
     }
     app
 }
@@ -322,7 +325,10 @@ async fn store_outage_is_503_only_where_the_route_fails_closed() {
             .build()
             .unwrap();
         let layer = RateLimitLayer::new(limiter, ClientIpKey::new(TrustedProxies::none()));
-        app = app.route(&format!("/{name}"), get(|| async { "ok" }).layer(layer));
+        app = app.route(
+            &format!("/{name}"),
+            get(|| async { "ok" }).route_layer(layer),
+        );
     }
     let base = serve(app).await;
     let http = client();
@@ -395,14 +401,14 @@ async fn requests_without_a_key_are_refused_before_the_limiter() {
     let app = Router::new()
         .route(
             "/by-header",
-            get(|| async { "ok" }).layer(RateLimitLayer::new(
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
                 limiter("by-header"),
                 HeaderKey::new("x-api-key".parse().unwrap()),
             )),
         )
         .route(
             "/by-user",
-            get(|| async { "ok" }).layer(RateLimitLayer::new(limiter("by-user"), UserKey)),
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(limiter("by-user"), UserKey)),
         );
     let base = serve(app).await;
     let http = client();
@@ -447,7 +453,8 @@ async fn forwarded_addresses_pick_the_bucket_only_behind_a_trusted_proxy() {
             .unwrap();
         app = app.route(
             &format!("/{name}"),
-            get(|| async { "ok" }).layer(RateLimitLayer::new(limiter, ClientIpKey::new(proxies))),
+            get(|| async { "ok" })
+                .route_layer(RateLimitLayer::new(limiter, ClientIpKey::new(proxies))),
         );
     }
     let base = serve(app).await;

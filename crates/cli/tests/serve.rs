@@ -1,0 +1,280 @@
+//! `tollgate serve` as a user runs it: the built binary, real HTTP on loopback, and a real
+//! redis-server (testkit) shared by two serve processes. Redis runs on a frozen clock, so
+//! the quota does not refill while the test runs; nothing sleeps.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use reqwest::{Response, StatusCode};
+use tollgate_testkit::server::RedisServer;
+
+const START_MICROS: u64 = 1_700_000_000_300_000;
+
+/// A running `tollgate serve`, killed on drop.
+struct Serve {
+    child: Child,
+    base: String,
+}
+
+impl Serve {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn tollgate serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep draining so the child never blocks on a full pipe.
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let first = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("tollgate serve printed no address");
+        let base = first
+            .strip_prefix("listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_owned();
+        Self { child, base }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+fn header<'a>(resp: &'a Response, name: &str) -> Option<&'a str> {
+    resp.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+fn remaining(resp: &Response) -> u64 {
+    let field = header(resp, "ratelimit").expect("RateLimit field");
+    field
+        .split(";r=")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("malformed RateLimit: {field}"))
+}
+
+fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("policy.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+const SHARED_CONFIG: &str = r#"
+[[route]]
+name = "quota"
+path = "/quota"
+key = "route"
+policy = "token-bucket:capacity=10,rate=1"
+failure_mode = "closed"
+
+[[route]]
+name = "lenient"
+path = "/lenient"
+key = "route"
+policy = "fixed-window:limit=100,window=1m"
+failure_mode = "open"
+"#;
+
+fn frozen_redis() -> RedisServer {
+    let server = RedisServer::builder().clock_control(true).start();
+    server.clock().freeze_at_micros(START_MICROS);
+    server
+}
+
+#[tokio::test]
+async fn two_serve_processes_sharing_redis_enforce_one_quota() {
+    let redis = frozen_redis();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SHARED_CONFIG);
+    let url = redis.url();
+    let a = Serve::start(&["--config", &config, "--redis", &url]);
+    let b = Serve::start(&["--config", &config, "--redis", &url]);
+    let http = client();
+    let mut admitted = Vec::new();
+    let mut denied = 0;
+    for i in 0..30 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        let resp = http.get(server.url("/quota")).send().await.unwrap();
+        match resp.status() {
+            StatusCode::OK => admitted.push(remaining(&resp)),
+            StatusCode::TOO_MANY_REQUESTS => {
+                denied += 1;
+                // The frozen clock refills nothing: 1 token takes 1 s.
+                assert_eq!(header(&resp, "retry-after"), Some("1"));
+                assert_eq!(remaining(&resp), 0);
+            }
+            other => panic!("request {i}: unexpected {other}"),
+        }
+    }
+    // One bucket across both processes: the remaining count falls by one per admission,
+    // whichever process answered, and the capacity is admitted exactly once.
+    assert_eq!(admitted, (0..10).rev().collect::<Vec<u64>>());
+    assert_eq!(denied, 20);
+    // Time passes on the shared clock: both processes see the refill.
+    redis.clock().advance(Duration::from_secs(2));
+    for server in [&a, &b] {
+        let resp = http.get(server.url("/quota")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    let resp = http.get(a.url("/quota")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn serve_answers_503_under_closed_when_redis_is_killed() {
+    let mut redis = frozen_redis();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SHARED_CONFIG);
+    let serve = Serve::start(&[
+        "--config",
+        &config,
+        "--redis",
+        &redis.url(),
+        "--timeout",
+        "200ms",
+    ]);
+    let http = client();
+    let resp = http.get(serve.url("/quota")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(remaining(&resp), 9);
+
+    redis.kill();
+
+    let resp = http.get(serve.url("/quota")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    for field in [
+        "retry-after",
+        "ratelimit",
+        "ratelimit-policy",
+        "x-ratelimit-limit",
+    ] {
+        assert!(header(&resp, field).is_none(), "503 carries {field}");
+    }
+    // The fail-open route keeps serving, and says nothing about it.
+    let resp = http.get(serve.url("/lenient")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "{\"route\":\"lenient\",\"ok\":true}\n"
+    );
+}
+
+#[tokio::test]
+async fn serve_runs_the_builtin_policy_file_on_the_local_store() {
+    let serve = Serve::start(&[]);
+    let http = client();
+    let index = http.get(serve.url("/")).send().await.unwrap();
+    assert_eq!(index.status(), StatusCode::OK);
+    assert!(index.text().await.unwrap().contains("sliding-log"));
+
+    // login: sliding log, 5 per minute per client IP.
+    for r in (0..5).rev() {
+        let resp = http.post(serve.url("/login")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            header(&resp, "ratelimit-policy"),
+            Some("\"login\";q=5;w=60")
+        );
+        assert_eq!(remaining(&resp), r);
+        assert_eq!(
+            header(&resp, "x-ratelimit-remaining"),
+            Some(r.to_string().as_str())
+        );
+    }
+    let resp = http.post(serve.url("/login")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = header(&resp, "retry-after").unwrap().parse().unwrap();
+    assert!((59..=60).contains(&wait), "{wait}");
+    assert_eq!(
+        http.get(serve.url("/login")).send().await.unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+
+    // search: token bucket per API key, cost from X-Cost.
+    let search = |cost: &str| {
+        http.get(serve.url("/api/search"))
+            .header("x-api-key", "k1")
+            .header("x-cost", cost)
+            .send()
+    };
+    let resp = search("3").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(remaining(&resp), 7);
+    let resp = search("50").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(header(&resp, "retry-after").is_none());
+    let resp = http.get(serve.url("/api/search")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "no API key");
+
+    // reports: fixed window per authenticated user.
+    let resp = http.get(serve.url("/api/reports")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let resp = http
+        .get(serve.url("/api/reports"))
+        .bearer_auth("alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(remaining(&resp), 2);
+}
+
+#[test]
+fn serve_refuses_an_invalid_policy_file_naming_field_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &SHARED_CONFIG.replace("capacity=10,rate=1", "capacity=10"),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", &config])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 6, column 10: route[0].policy: missing parameter \"rate\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn print_config_shows_the_builtin_policy_file() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, tollgate_http::BUILTIN_POLICY_FILE);
+}
