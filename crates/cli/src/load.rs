@@ -51,12 +51,58 @@ pub(crate) struct LoadArgs {
     /// denied until a known instant).
     #[arg(long, value_name = "KEYS")]
     deny_cache: Option<usize>,
+    /// Decide this many keys per call (`Limiter::check_many`: one round trip on Redis).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Measure a bare `PING` round trip instead of decisions, with the same connections,
+    /// tasks and bounds: the baseline for decision latency.
+    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache"])]
+    ping: bool,
     /// After the run, run `redis-benchmark` with the same script, arguments, key shape and
     /// concurrency on the same server (pipeline 1 and 16) and report tollgate's ratio to it.
     #[arg(long, requires = "redis")]
     compare_redis_benchmark: bool,
     #[command(flatten)]
     store: StoreArgs,
+}
+
+/// What each task does per iteration.
+#[derive(Clone)]
+enum Probe {
+    /// Decisions through a limiter (one key, or a batch with `check_many`).
+    Check(Limiter),
+    /// A bare PING on the instance's connection.
+    Ping(redis::aio::MultiplexedConnection),
+}
+
+impl Probe {
+    /// Runs one iteration over `keys`; returns (allowed, denied) or the error text.
+    async fn run(&mut self, keys: &[Key], cost: u64) -> Result<(u64, u64), String> {
+        match self {
+            Self::Check(limiter) if keys.len() == 1 => {
+                let d = limiter
+                    .check_key(&keys[0], cost)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(if d.allowed { (1, 0) } else { (0, 1) })
+            }
+            Self::Check(limiter) => {
+                let ds = limiter
+                    .check_many(keys, cost)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let allowed = ds.iter().filter(|d| d.allowed).count() as u64;
+                Ok((allowed, ds.len() as u64 - allowed))
+            }
+            Self::Ping(conn) => {
+                let () = redis::cmd("PING")
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok((1, 0))
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -83,6 +129,8 @@ pub(crate) struct Summary {
     errors: u64,
     admitted_cost: u64,
     decisions_per_sec: f64,
+    /// Keys decided per call (`--batch`); latency is per call.
+    batch: usize,
     latency_us: Latency,
     /// Most cost one shared quota could admit over the run, summed over keys. With the local
     /// store every instance has its own quota, so the fleet may admit `instances` times this.
@@ -133,9 +181,19 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
             .map(|i| Key::new("load", [format!("k{i}")]))
             .collect::<Result<_, _>>()?,
     );
-    let mut limiters = Vec::with_capacity(args.instances);
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let mut probes = Vec::with_capacity(args.instances);
     for _ in 0..args.instances {
-        limiters.push({
+        probes.push(if args.ping {
+            let url = args.store.redis.as_deref().unwrap_or_default();
+            Probe::Ping(
+                redis::Client::open(url)?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            )
+        } else {
             let mut b = Limiter::builder("load", args.policy)
                 .store(args.store.connect().await?)
                 .failure_mode(FailureMode::Closed)
@@ -143,7 +201,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
             if let Some(n) = args.deny_cache {
                 b = b.deny_cache(n);
             }
-            b.build()?
+            Probe::Check(b.build()?)
         });
     }
 
@@ -152,10 +210,11 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     let progress = progress_bar(max_requests, args.json);
     let started = Instant::now();
     let deadline = started + max_duration;
+    let batch = args.batch as u64;
     let mut handles = Vec::new();
-    for limiter in &limiters {
+    for probe in &probes {
         for _ in 0..args.tasks {
-            let limiter = limiter.clone();
+            let mut probe = probe.clone();
             let keys = keys.clone();
             let counters = counters.clone();
             let first_error = first_error.clone();
@@ -163,26 +222,32 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
             handles.push(tokio::spawn(async move {
                 let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
                     .expect("histogram bounds");
+                let mut picked = Vec::with_capacity(batch as usize);
                 loop {
-                    let n = counters.issued.fetch_add(1, Ordering::Relaxed);
+                    let n = counters.issued.fetch_add(batch, Ordering::Relaxed);
                     if n >= max_requests || Instant::now() >= deadline {
                         break;
                     }
-                    let key = &keys[(n % keys.len() as u64) as usize];
+                    picked.clear();
+                    picked.extend(
+                        (n..(n + batch).min(max_requests))
+                            .map(|i| keys[(i % keys.len() as u64) as usize].clone()),
+                    );
                     let t0 = Instant::now();
-                    let result = limiter.check_key(key, cost).await;
+                    let result = probe.run(&picked, cost).await;
                     hist.saturating_record(t0.elapsed().as_nanos().max(1) as u64);
                     match result {
-                        Ok(d) if d.allowed => counters.allowed.fetch_add(1, Ordering::Relaxed),
-                        Ok(_) => counters.denied.fetch_add(1, Ordering::Relaxed),
-                        Err(e) => {
-                            first_error
-                                .lock()
-                                .expect("poisoned")
-                                .get_or_insert_with(|| e.to_string());
-                            counters.errors.fetch_add(1, Ordering::Relaxed)
+                        Ok((allowed, denied)) => {
+                            counters.allowed.fetch_add(allowed, Ordering::Relaxed);
+                            counters.denied.fetch_add(denied, Ordering::Relaxed);
                         }
-                    };
+                        Err(e) => {
+                            first_error.lock().expect("poisoned").get_or_insert(e);
+                            counters
+                                .errors
+                                .fetch_add(picked.len() as u64, Ordering::Relaxed);
+                        }
+                    }
                 }
                 hist
             }));
@@ -217,7 +282,11 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     let errors = counters.errors.load(Ordering::Relaxed);
     let requests = allowed + denied + errors;
     let summary = Summary {
-        store: args.store.label(),
+        store: if args.ping {
+            "redis-ping"
+        } else {
+            args.store.label()
+        },
         policy: args.policy.to_string(),
         instances: args.instances,
         tasks_per_instance: args.tasks,
@@ -230,6 +299,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         errors,
         admitted_cost: allowed * args.cost,
         decisions_per_sec: requests as f64 / elapsed.as_secs_f64(),
+        batch: args.batch,
         latency_us: Latency {
             p50: hist.value_at_quantile(0.5) as f64 / 1e3,
             p99: hist.value_at_quantile(0.99) as f64 / 1e3,

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tollgate_core::{
-    Algorithm, Decision, Enforcement, ErrorClass, Key, KeyError, Policy, PolicyError, Rate, Store,
-    StoreError,
+    Acquire, Algorithm, Decision, Enforcement, ErrorClass, Key, KeyError, Policy, PolicyError,
+    Rate, Store, StoreError,
 };
 use tollgate_local::LocalStore;
 
@@ -304,6 +304,73 @@ impl Limiter {
         };
         record(inner, &outcome, started);
         outcome
+    }
+
+    /// Applies `cost` to each of `keys` (each atomically, in order), in one round trip where the
+    /// store can batch (Redis pipelines the scripts). Failure handling is as for
+    /// [`Limiter::check_key`], applied to every key of the batch; under
+    /// [`FailureMode::Closed`] an unavailable store fails the whole batch.
+    pub async fn check_many(&self, keys: &[Key], cost: u64) -> Result<Vec<Decision>, Error> {
+        let inner = &*self.inner;
+        inner.policy.check_cost(cost)?;
+        let started = Instant::now();
+        let (permit, transition) = inner.breaker.permit();
+        self.report(transition);
+        let error = if permit == Permit::Skip {
+            StoreError::Unavailable {
+                message: "circuit breaker open; store not called".into(),
+                source: None,
+            }
+        } else {
+            let requests: Vec<Acquire<'_>> = keys
+                .iter()
+                .map(|key| Acquire {
+                    key,
+                    policy: &inner.policy,
+                    cost,
+                })
+                .collect();
+            let call = inner.store.acquire_many(&requests);
+            match tokio::time::timeout(inner.timeout, call).await {
+                Ok(Ok(decisions)) => {
+                    self.report(inner.breaker.on_success(permit));
+                    for d in &decisions {
+                        record(inner, &Ok(d.clone()), started);
+                    }
+                    return Ok(decisions);
+                }
+                Ok(Err(e)) => e,
+                Err(_) => StoreError::Timeout(inner.timeout),
+            }
+        };
+        let class = error.class();
+        if !matches!(class, ErrorClass::Unavailable | ErrorClass::Busy) {
+            self.report(inner.breaker.on_success(permit));
+            return Err(if class == ErrorClass::Invalid {
+                Error::Invalid(error)
+            } else {
+                Error::Store(error)
+            });
+        }
+        if permit != Permit::Skip {
+            self.report(inner.breaker.on_failure(permit));
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.apply_failure_mode(key, cost, &error) {
+                Ok(d) => {
+                    record(inner, &Ok(d.clone()), started);
+                    out.push(d);
+                }
+                Err(()) => {
+                    return Err(Error::Unavailable {
+                        operation: inner.operation.clone(),
+                        source: error,
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Forgets the bucket identified by `parts` in the store (and any cached denial of it):
