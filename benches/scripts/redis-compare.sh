@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The Redis-path figures of BENCHMARKS.md, measured side by side in one run on one fresh
+# loopback redis-server: tollgate's decisions/s at several concurrencies and connection kinds
+# against redis-benchmark running the same script by EVALSHA (the ceiling), the PING baseline
+# for latency, batching, the deny cache, and MEMORY USAGE per idle key.
+#
+# Usage: benches/scripts/redis-compare.sh [requests-per-run]   (prints Markdown to stdout)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+N=${1:-100000}
+PORT=${PORT:-7790}
+cargo build --release -q -p tollgate-cli
+B=target/release/tollgate
+DIR=$(mktemp -d)
+redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" --daemonize yes --logfile "$DIR/redis.log"
+trap 'redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$DIR"' EXIT
+for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+URL="redis://127.0.0.1:$PORT"
+TB="token-bucket:capacity=100,rate=50"
+FW="fixed-window:limit=100,window=1m"
+SL="sliding-log:limit=100,window=1m"
+
+j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+echo "## Redis path ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $N requests per run)"
+echo
+echo "### Throughput against the same script in redis-benchmark (100,000 keys)"
+echo
+echo "| policy | connection | tasks | tollgate decisions/s | p50 µs | p99 µs | ceiling -P 1 | ratio | ceiling -P 16 | ratio |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+for P in "$TB" "$FW" "$SL"; do
+  for conn in multiplexed pool16; do
+    for tasks in 1 16 64; do
+      extra=""; [ "$conn" = pool16 ] && extra="--pool 16"
+      out=$($B load --redis "$URL" --policy "$P" --tasks "$tasks" --requests "$N" --keys 100000 $extra --json --compare-redis-benchmark)
+      echo "$out" | j "'| ${P%%:*} | $conn | $tasks | %.0f | %.1f | %.1f | %.0f | %.2f | %.0f | %.2f |' % (d['decisions_per_sec'], d['latency_us']['p50'], d['latency_us']['p99'], d['redis_benchmark'][0]['requests_per_sec'], d['redis_benchmark'][0]['tollgate_ratio'], d['redis_benchmark'][1]['requests_per_sec'], d['redis_benchmark'][1]['tollgate_ratio'])"
+    done
+  done
+done
+echo
+echo "### Pool sizes (token bucket, 64 tasks, 100,000 keys)"
+echo
+echo "| connection | decisions/s | p50 µs | p99 µs |"
+echo "|---|---:|---:|---:|"
+for conn in multiplexed 4 16 64; do
+  extra=""; [ "$conn" != multiplexed ] && extra="--pool $conn"
+  $B load --redis "$URL" --policy "$TB" --tasks 64 --requests "$N" --keys 100000 $extra --json |
+    j "'| ${conn/#[0-9]*/pool($conn)} | %.0f | %.1f | %.1f |' % (d['decisions_per_sec'], d['latency_us']['p50'], d['latency_us']['p99'])"
+done
+echo
+echo "### Latency, one call at a time (token bucket vs bare PING, same tool)"
+echo
+ping=$($B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --ping --json)
+dec=$($B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --keys 100000 --json)
+p_ping=$(echo "$ping" | j "d['latency_us']['p50']")
+p_dec=$(echo "$dec" | j "d['latency_us']['p50']")
+echo "PING p50 ${p_ping} µs; decision p50 ${p_dec} µs; ratio $(python3 -c "print(round($p_dec/$p_ping, 2))")"
+echo
+echo "### Batching (token bucket, 4 tasks, 100,000 keys)"
+echo
+echo "| keys per call | decisions/s |"
+echo "|---:|---:|"
+for b in 1 16; do
+  $B load --redis "$URL" --policy "$TB" --tasks 4 --requests "$N" --keys 100000 --batch $b --json | j "'| $b | %.0f |' % d['decisions_per_sec']"
+done
+echo
+echo "### Hot abusive key (fixed window, limit 10 per hour, one key, 64 tasks, 3 s)"
+echo
+echo "| deny cache | decisions/s |"
+echo "|---|---:|"
+redis-cli -p "$PORT" flushall >/dev/null
+a=$($B load --redis "$URL" --policy "fixed-window:limit=10,window=1h" --tasks 64 --duration 3s --keys 1 --json | j "d['decisions_per_sec']")
+bb=$($B load --redis "$URL" --policy "fixed-window:limit=10,window=1h" --tasks 64 --duration 3s --keys 1 --deny-cache 10000 --json | j "d['decisions_per_sec']")
+printf '| off | %.0f |\n| on | %.0f |\n\nratio on/off: %s\n' "$a" "$bb" "$(python3 -c "print(round($bb/$a, 1))")"
+echo
+echo "### MEMORY USAGE per idle key"
+echo
+redis-cli -p "$PORT" flushall >/dev/null
+for P in "$TB" "$FW" "$SL"; do
+  $B check --redis "$URL" --policy "$P" --key "api:user-12345" >/dev/null
+done
+echo "| key | bytes |"
+echo "|---|---:|"
+for k in $(redis-cli -p "$PORT" --scan); do
+  echo "| \`$k\` | $(redis-cli -p "$PORT" memory usage "$k") |"
+done
