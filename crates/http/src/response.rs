@@ -54,6 +54,7 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 #[derive(Debug, Clone)]
 pub struct RateLimitResponses {
     name: String,
+    limit: u64,
     policy_field: HeaderValue,
     legacy: bool,
 }
@@ -68,6 +69,7 @@ impl RateLimitResponses {
         }
         Self {
             name: name.to_owned(),
+            limit: policy.limit(),
             policy_field: HeaderValue::try_from(field).expect("an sf-string is a valid header"),
             legacy: false,
         }
@@ -105,11 +107,14 @@ impl RateLimitResponses {
     }
 
     /// Adds the quota fields of `decision` to `headers` (for an admitted request's response).
+    ///
+    /// The limit (`q`, `X-RateLimit-Limit`) is always the route's policy's: a degraded
+    /// decision, made against a locally scaled-down quota, must not show a different one.
     pub fn decorate(&self, decision: &Decision, headers: &mut HeaderMap) {
         headers.insert(RATELIMIT_POLICY.clone(), self.policy_field.clone());
         headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
         if self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), decision.limit.into());
+            headers.insert(X_RATELIMIT_LIMIT.clone(), self.limit.into());
             headers.insert(X_RATELIMIT_REMAINING.clone(), decision.remaining.into());
             headers.insert(
                 X_RATELIMIT_RESET.clone(),

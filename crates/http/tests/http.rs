@@ -324,7 +324,8 @@ async fn store_outage_is_503_only_where_the_route_fails_closed() {
             .failure_mode(mode)
             .build()
             .unwrap();
-        let layer = RateLimitLayer::new(limiter, ClientIpKey::new(TrustedProxies::none()));
+        let layer = RateLimitLayer::new(limiter, ClientIpKey::new(TrustedProxies::none()))
+            .legacy_headers(true);
         app = app.route(
             &format!("/{name}"),
             get(|| async { "ok" }).route_layer(layer),
@@ -368,6 +369,8 @@ async fn store_outage_is_503_only_where_the_route_fails_closed() {
             );
         }
         assert!(header(&resp, "ratelimit-policy").unwrap().contains(";q=5;"));
+        // The locally scaled-down quota (5 / 2) is not shown either.
+        assert_eq!(header(&resp, "x-ratelimit-limit"), Some("5"));
         assert_eq!(resp.text().await.unwrap(), "ok");
     }
     // Degraded enforces its share locally: 5 across 2 expected instances is 2 here.
