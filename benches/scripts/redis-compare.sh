@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${1:-100000}
+CSV=${CSV:-/dev/null}   # also write the throughput table as CSV (for benches/scripts/chart.py)
 PORT=${PORT:-7790}
 cargo build --release -q -p tollgate-cli
 B=target/release/tollgate
@@ -28,12 +29,14 @@ echo "### Throughput against the same script in redis-benchmark (100,000 keys)"
 echo
 echo "| policy | connection | tasks | tollgate decisions/s | p50 µs | p99 µs | ceiling -P 1 | ratio | ceiling -P 16 | ratio |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "policy,connection,tasks,tollgate,ceiling_p1,ceiling_p16" > "$CSV"
 for P in "$TB" "$FW" "$SL"; do
   for conn in multiplexed pool16; do
-    for tasks in 1 16 64; do
+    for tasks in 1 4 16 64; do
       extra=""; [ "$conn" = pool16 ] && extra="--pool 16"
       out=$($B load --redis "$URL" --policy "$P" --tasks "$tasks" --requests "$N" --keys 100000 $extra --json --compare-redis-benchmark)
       echo "$out" | j "'| ${P%%:*} | $conn | $tasks | %.0f | %.1f | %.1f | %.0f | %.2f | %.0f | %.2f |' % (d['decisions_per_sec'], d['latency_us']['p50'], d['latency_us']['p99'], d['redis_benchmark'][0]['requests_per_sec'], d['redis_benchmark'][0]['tollgate_ratio'], d['redis_benchmark'][1]['requests_per_sec'], d['redis_benchmark'][1]['tollgate_ratio'])"
+      echo "$out" | j "'${P%%:*},$conn,$tasks,%.0f,%.0f,%.0f' % (d['decisions_per_sec'], d['redis_benchmark'][0]['requests_per_sec'], d['redis_benchmark'][1]['requests_per_sec'])" >> "$CSV"
     done
   done
 done
