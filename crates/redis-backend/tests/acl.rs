@@ -1,0 +1,324 @@
+//! Least privilege: tollgate under a Redis ACL user that may touch only its key prefix and run
+//! only the commands it needs, against a real redis-server. Redis checks the commands a script
+//! calls (`TIME`, `GET`, `SET`) against the calling user too, so they are part of the set.
+//!
+//! A user missing any of those rights gets a loud [`StoreError::Script`]: a misconfiguration,
+//! never mistaken for an outage, so a [`Limiter`] reports it as [`Error::Store`] instead of
+//! switching to its failure mode (no `Bypassed` or `Degraded` decision hides it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{BreakerState, Error, FailureMode, Limiter};
+use tollgate_core::{Acquire, ErrorClass, Key, Policy, Rate, Store, StoreError};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::server::RedisServer;
+
+const USER: &str = "tollgate";
+const PASSWORD: &str = "s3cret-for-tests";
+
+/// The documented ACL rules (docs/security.md), after `ACL SETUSER tollgate`.
+const RULES: &[&str] = &[
+    "reset",
+    "on",
+    ">s3cret-for-tests",
+    "~tollgate:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+del",
+    "+get",
+    "+set",
+    "+time",
+];
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn admin(server: &RedisServer) -> redis::Connection {
+    server.client().get_connection().unwrap()
+}
+
+/// Replaces the user's rules with `rules`.
+fn set_user(server: &RedisServer, rules: &[&str]) {
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(USER)
+        .arg(rules)
+        .exec(&mut admin(server))
+        .unwrap();
+}
+
+/// The documented rules with `drop` removed and `extra` appended.
+fn rules_without(drop: &str, extra: &[&'static str]) -> Vec<&'static str> {
+    let mut rules: Vec<&str> = RULES.iter().copied().filter(|r| *r != drop).collect();
+    rules.extend_from_slice(extra);
+    rules
+}
+
+fn url(server: &RedisServer) -> String {
+    format!("redis://{USER}:{PASSWORD}@127.0.0.1:{}", server.port())
+}
+
+async fn store(server: &RedisServer, pooled: bool) -> Result<RedisStore, StoreError> {
+    let b = RedisStore::builder(url(server)).timeout(Duration::from_secs(5));
+    if pooled { b.pool(2) } else { b }.build().await
+}
+
+fn policies() -> [Policy; 3] {
+    [
+        Policy::token_bucket(3, Rate::new(1, HOUR)).unwrap(),
+        Policy::fixed_window(3, HOUR).unwrap(),
+        Policy::sliding_log(3, HOUR).unwrap(),
+    ]
+}
+
+/// Denials Redis logged for this user, as `(reason, object)`; `CLIENT SETINFO` (sent by
+/// redis-rs on connect, its result ignored) is left out.
+fn acl_denials(server: &RedisServer) -> Vec<(String, String)> {
+    let entries: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut admin(server))
+        .unwrap();
+    let mut out = Vec::new();
+    for entry in entries {
+        let fields: Vec<(String, redis::Value)> = match redis::from_redis_value(entry) {
+            Ok(map) => map,
+            Err(_) => continue,
+        };
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok())
+                .unwrap_or_default()
+        };
+        if get("username") == USER && !get("object").starts_with("client") {
+            out.push((get("reason"), get("object")));
+        }
+    }
+    out
+}
+
+async fn exercise(store: &RedisStore, server: &RedisServer) {
+    let k = Key::new("acl", ["alice"]).unwrap();
+    let other = Key::new("acl", ["bob"]).unwrap();
+    for p in &policies() {
+        assert!(store.acquire(&k, p, 2).await.unwrap().allowed, "{p}");
+        // remaining is what is left after the request peeked at.
+        assert_eq!(store.peek(&k, p, 1).await.unwrap().remaining, 0, "{p}");
+        let batch = [
+            Acquire {
+                key: &k,
+                policy: p,
+                cost: 1,
+            },
+            Acquire {
+                key: &other,
+                policy: p,
+                cost: 3,
+            },
+        ];
+        let ds = store.acquire_many(&batch).await.unwrap();
+        assert_eq!((ds[0].remaining, ds[1].remaining), (0, 0), "{p}");
+        store.reset(&k, p).await.unwrap();
+        assert_eq!(store.peek(&k, p, 1).await.unwrap().remaining, 2, "{p}");
+        // The script cache is lost (restart, failover, SCRIPT FLUSH): EVAL reloads it.
+        server.script_flush();
+        assert!(store.acquire(&k, p, 3).await.unwrap().allowed, "{p}");
+        server.script_flush();
+        let ds = store.acquire_many(&batch).await.unwrap();
+        assert!(!ds[0].allowed && !ds[1].allowed, "{p}: {ds:?}");
+        store.reset(&k, p).await.unwrap();
+        store.reset(&other, p).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn tollgate_works_under_the_least_privilege_acl_user() {
+    let server = RedisServer::start();
+    set_user(&server, RULES);
+    for pooled in [false, true] {
+        let store = store(&server, pooled)
+            .await
+            .expect("build under the ACL user");
+        exercise(&store, &server).await;
+        let limiter = Limiter::builder("acl", policies()[0])
+            .store(Arc::new(store))
+            .failure_mode(FailureMode::Closed)
+            .build()
+            .unwrap();
+        let d = limiter.check(["carol"], 1).await.unwrap();
+        assert_eq!(d.enforcement, tollgate::Enforcement::Shared);
+        limiter.reset(["carol"]).await.unwrap();
+    }
+    assert_eq!(acl_denials(&server), vec![], "ACL LOG has denials");
+    // The user cannot read or write outside the prefix, nor run anything else.
+    let client = redis::Client::open(url(&server)).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    for cmd in [
+        redis::cmd("GET").arg("other:key").clone(),
+        redis::cmd("SET").arg("tollgate-x").arg("1").clone(),
+        redis::cmd("KEYS").arg("*").clone(),
+        redis::cmd("FLUSHALL").clone(),
+        redis::cmd("CONFIG").arg("GET").arg("*").clone(),
+        redis::cmd("SCRIPT").arg("FLUSH").clone(),
+    ] {
+        let err = cmd.exec(&mut conn).unwrap_err();
+        assert_eq!(err.code(), Some("NOPERM"), "{cmd:?}: {err}");
+    }
+}
+
+/// How the store's owner sees one missing right.
+struct Revoked {
+    label: &'static str,
+    rules: Vec<&'static str>,
+    /// The scripts must be missing from the cache (for the EVAL right).
+    flush_scripts: bool,
+}
+
+fn revocations() -> Vec<Revoked> {
+    let case = |label, drop, extra: &[&'static str], flush_scripts| Revoked {
+        label,
+        rules: rules_without(drop, extra),
+        flush_scripts,
+    };
+    vec![
+        case("no EVALSHA", "+evalsha", &[], false),
+        case("no EVAL, after SCRIPT FLUSH", "+eval", &[], true),
+        case("no TIME inside the script", "+time", &[], false),
+        case("no GET inside the script", "+get", &[], false),
+        case("no SET inside the script", "+set", &[], false),
+        case(
+            "keys outside the prefix only",
+            "~tollgate:*",
+            &["~other:*"],
+            false,
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn a_missing_right_is_a_loud_store_error_not_a_failure_mode_switch() {
+    let server = RedisServer::start();
+    let p = policies()[1];
+    for case in revocations() {
+        set_user(&server, RULES);
+        let store = Arc::new(store(&server, false).await.unwrap());
+        set_user(&server, &case.rules);
+        if case.flush_scripts {
+            server.script_flush();
+        }
+        let label = case.label;
+        let k = Key::new("acl", ["dave"]).unwrap();
+        let err = store.acquire(&k, &p, 1).await.unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Script, "{label}: {err}");
+        let message = err.to_string().to_lowercase();
+        assert!(
+            message.contains("perm") || message.contains("can't"),
+            "{label}: the message names the permission problem: {err}"
+        );
+        let batch = [Acquire {
+            key: &k,
+            policy: &p,
+            cost: 1,
+        }];
+        let err = store.acquire_many(&batch).await.unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Script, "{label} (batch): {err}");
+
+        for mode in [FailureMode::Open, FailureMode::degraded(2)] {
+            let mode_name = mode.as_str();
+            let limiter = Limiter::builder("acl", p)
+                .store(store.clone())
+                .failure_mode(mode)
+                .build()
+                .unwrap();
+            for _ in 0..10 {
+                match limiter.check(["dave"], 1).await {
+                    Err(Error::Store(e)) => assert_eq!(e.class(), ErrorClass::Script),
+                    other => panic!("{label}, {mode_name}: expected Error::Store, got {other:?}"),
+                }
+            }
+            match limiter.check_many(std::slice::from_ref(&k), 1).await {
+                Err(Error::Store(e)) => assert_eq!(e.class(), ErrorClass::Script),
+                other => {
+                    panic!("{label}, {mode_name} (batch): expected Error::Store, got {other:?}")
+                }
+            }
+            assert_eq!(
+                limiter.breaker_state(),
+                BreakerState::Closed,
+                "{label}, {mode_name}: a permission error is not an outage"
+            );
+        }
+    }
+    // Without DEL, reset is refused loudly too.
+    set_user(&server, RULES);
+    let store = Arc::new(store(&server, false).await.unwrap());
+    set_user(&server, &rules_without("+del", &[]));
+    let limiter = Limiter::builder("acl", p)
+        .store(store)
+        .failure_mode(FailureMode::Open)
+        .build()
+        .unwrap();
+    assert!(
+        matches!(limiter.reset(["dave"]).await, Err(Error::Store(ref e)) if e.class() == ErrorClass::Script)
+    );
+}
+
+#[tokio::test]
+async fn building_without_script_load_or_with_a_wrong_password_fails_loudly() {
+    let server = RedisServer::start();
+    set_user(&server, &rules_without("+script|load", &[]));
+    let err = store(&server, false).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Script, "no SCRIPT LOAD: {err}");
+
+    set_user(&server, RULES);
+    let wrong = format!("redis://{USER}:wrong@127.0.0.1:{}", server.port());
+    let err = RedisStore::builder(wrong).build().await.unwrap_err();
+    assert_ne!(
+        err.class(),
+        ErrorClass::Unavailable,
+        "a wrong password is a misconfiguration, not an outage: {err}"
+    );
+}
+
+/// Credentials revoked while the service runs (`ACL DELUSER` closes the user's connections;
+/// the store reconnects and its AUTH is refused) must not look like an outage for long: a
+/// fail-open limiter would otherwise stop enforcing anything, silently. The calls caught by the
+/// dropped connection itself are unavailable (nothing tells them apart from a network failure);
+/// once the reconnect's AUTH is refused, every call is a loud store error.
+#[tokio::test]
+async fn credentials_revoked_at_runtime_are_not_an_outage() {
+    let server = RedisServer::start();
+    set_user(&server, RULES);
+    let store = Arc::new(store(&server, false).await.unwrap());
+    let limiter = Limiter::builder("acl", policies()[1])
+        .store(store)
+        .failure_mode(FailureMode::Open)
+        .build()
+        .unwrap();
+    assert!(limiter.check(["erin"], 1).await.unwrap().allowed);
+    redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(USER)
+        .exec(&mut admin(&server))
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..10 {
+        let got = limiter.check(["erin"], 1).await;
+        outcomes.push(match &got {
+            Ok(d) => format!("Ok({:?})", d.enforcement),
+            Err(Error::Store(e)) => format!("Store({:?})", e.class()),
+            Err(e) => format!("{e}"),
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bypassed = outcomes.iter().filter(|o| o.contains("Bypassed")).count();
+    assert!(
+        bypassed <= 3 && outcomes[5..].iter().all(|o| o == "Store(Script)"),
+        "after the user is deleted: {outcomes:?}"
+    );
+    println!("calls after ACL DELUSER: {outcomes:?}");
+}
