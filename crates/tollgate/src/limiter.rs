@@ -11,6 +11,7 @@ use tollgate_local::LocalStore;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit, Transition};
 use crate::deny_cache::DenyCache;
+use crate::meters::Meters;
 
 /// Default deadline for one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -165,6 +166,7 @@ impl LimiterBuilder {
             )),
             _ => None,
         };
+        let meters = Meters::new(&self.operation);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 operation: self.operation.into(),
@@ -175,6 +177,7 @@ impl LimiterBuilder {
                 timeout: self.timeout,
                 breaker: Breaker::new(self.breaker),
                 deny_cache: self.deny_cache.map(DenyCache::new),
+                meters,
             }),
         })
     }
@@ -195,6 +198,7 @@ struct Inner {
     timeout: Duration,
     breaker: Breaker,
     deny_cache: Option<DenyCache>,
+    meters: Meters,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -268,7 +272,7 @@ impl Limiter {
             && let Some(decision) = cache.lookup(key, &inner.policy, cost, started)
         {
             let outcome = Ok(decision);
-            record(inner, &outcome, started);
+            inner.meters.record(&outcome, started);
             return outcome;
         }
         let (permit, transition) = inner.breaker.permit();
@@ -302,7 +306,7 @@ impl Limiter {
                 Err(e) => self.on_store_error(key, cost, permit, e),
             }
         };
-        record(inner, &outcome, started);
+        inner.meters.record(&outcome, started);
         outcome
     }
 
@@ -335,7 +339,7 @@ impl Limiter {
                 Ok(Ok(decisions)) => {
                     self.report(inner.breaker.on_success(permit));
                     for d in &decisions {
-                        record(inner, &Ok(d.clone()), started);
+                        inner.meters.record(&Ok(d.clone()), started);
                     }
                     return Ok(decisions);
                 }
@@ -359,7 +363,7 @@ impl Limiter {
         for key in keys {
             match self.apply_failure_mode(key, cost, &error) {
                 Ok(d) => {
-                    record(inner, &Ok(d.clone()), started);
+                    inner.meters.record(&Ok(d.clone()), started);
                     out.push(d);
                 }
                 Err(()) => {
@@ -418,8 +422,7 @@ impl Limiter {
                 mode = inner.failure_mode.as_str(),
                 "rate limiter circuit breaker changed state"
             );
-            metrics::gauge!("tollgate_breaker_state", "operation" => inner.operation.to_string())
-                .set(to.as_gauge());
+            inner.meters.breaker.set(to.as_gauge());
         }
     }
 
@@ -432,12 +435,7 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         let inner = &*self.inner;
         let class = error.class();
-        metrics::counter!(
-            "tollgate_store_errors_total",
-            "operation" => inner.operation.to_string(),
-            "class" => class.as_str()
-        )
-        .increment(1);
+        inner.meters.store_error(class);
         match class {
             ErrorClass::Unavailable | ErrorClass::Busy => {
                 self.report(inner.breaker.on_failure(permit));
@@ -491,26 +489,6 @@ impl Limiter {
             }
         }
     }
-}
-
-fn record(inner: &Inner, outcome: &Result<Decision, Error>, started: Instant) {
-    let (result, enforcement) = match outcome {
-        Ok(d) => (
-            if d.allowed { "allowed" } else { "denied" },
-            d.enforcement.as_str(),
-        ),
-        Err(Error::Invalid(_)) => ("invalid", "none"),
-        Err(_) => ("unavailable", "none"),
-    };
-    metrics::counter!(
-        "tollgate_decisions_total",
-        "operation" => inner.operation.to_string(),
-        "outcome" => result,
-        "enforcement" => enforcement
-    )
-    .increment(1);
-    metrics::histogram!("tollgate_decision_seconds", "operation" => inner.operation.to_string())
-        .record(started.elapsed().as_secs_f64());
 }
 
 /// The policy one of `n` instances enforces locally: limits divided by `n` (at least 1).

@@ -196,7 +196,11 @@ async fn metrics_record_decisions_errors_and_breaker_state() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let mut server = RedisServer::start();
-    let limiter = limiter(&server, FailureMode::Open).await;
+    let handle = tokio::runtime::Handle::current();
+    // Metric handles are registered when the limiter is built: build it under the recorder.
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        tokio::task::block_in_place(|| handle.block_on(limiter(&server, FailureMode::Open)))
+    });
     let run = async {
         timed(&limiter, "m").await.unwrap();
         server.kill();
@@ -205,8 +209,7 @@ async fn metrics_record_decisions_errors_and_breaker_state() {
         }
     };
     // `with_local_recorder` is synchronous and thread-local: drive the async work on this
-    // thread inside it (the limiter emits metrics on the calling thread).
-    let handle = tokio::runtime::Handle::current();
+    // thread inside it.
     metrics::with_local_recorder(&recorder, || {
         tokio::task::block_in_place(|| handle.block_on(run));
     });
