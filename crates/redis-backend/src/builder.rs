@@ -1,12 +1,14 @@
-//! Building a [`RedisStore`]: URL, key prefix, per-call timeout and the connection kind.
+//! Building a [`RedisStore`]: where Redis is (one server, the primary Sentinel names, or a
+//! Cluster), the key prefix, the per-call timeout and the connection kind.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use tollgate_core::{KeyError, StoreError};
 
-use crate::connection::{Conn, PoolManager};
+use crate::connection::{Conn, PoolManager, SentinelConn};
 use crate::error::classify;
 use crate::store::{Inner, RedisStore};
 
@@ -28,11 +30,100 @@ enum Kind {
     Pool(u32),
 }
 
-/// Configures and connects a [`RedisStore`]; see [`RedisStore::builder`].
+/// Where the buckets live.
+#[derive(Debug, Clone)]
+enum Target {
+    /// One server.
+    Url(String),
+    /// The primary that the sentinels name `master`.
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+    },
+    /// A Redis Cluster, discovered from these nodes.
+    Cluster(Vec<String>),
+}
+
+impl RedisStore {
+    /// Starts configuring a store on the primary that the sentinels at `sentinel_urls`
+    /// (`redis://host:port`, with `user:password@` if the sentinels need it) monitor as
+    /// `master_name`.
+    ///
+    /// The store asks the sentinels for the primary, checks that it answers `ROLE` as master,
+    /// and keeps one multiplexed connection to it. When a call fails in a way that says the
+    /// server may no longer be the primary — connection lost or refused, `READONLY`,
+    /// `MASTERDOWN`, or a call abandoned at its deadline — that call fails (it is never
+    /// resent) and the next one asks the sentinels again, so after a failover the store
+    /// follows the promoted replica by itself. The promoted replica's empty script cache is
+    /// absorbed like any `NOSCRIPT`.
+    ///
+    /// Until the sentinels have promoted a replica, calls fail as
+    /// [`StoreError::Unavailable`]; bucket state the old primary had not yet replicated is lost
+    /// (Redis replication is asynchronous). [`multiplexed`](RedisStoreBuilder::multiplexed)
+    /// and [`pool`](RedisStoreBuilder::pool) do not apply.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tollgate_core::StoreError> {
+    /// use tollgate_redis::RedisStore;
+    ///
+    /// let store = RedisStore::sentinel(
+    ///     "rate-limits",
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    /// )
+    /// .build()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel<I, S>(master_name: impl Into<String>, sentinel_urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::with_target(Target::Sentinel {
+            master: master_name.into(),
+            sentinels: sentinel_urls.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    /// Starts configuring a store on a Redis Cluster, discovered from `initial_nodes`
+    /// (`redis://host:port` of one or more of its nodes).
+    ///
+    /// Every bucket is one key with the whole [`Key`](tollgate_core::Key) as its hash tag, so
+    /// each script runs on one slot of one node. The store follows `MOVED` and `ASK` (a slot
+    /// being resharded) itself, up to 5 redirections per call, so a migration is invisible to
+    /// callers; it never resends a command after a connection failure, so every decision is
+    /// applied at most once. A batch ([`acquire_many`](tollgate_core::Store::acquire_many))
+    /// sends all its scripts at once, each to its key's node: one round trip per node, the
+    /// nodes in parallel. `CLUSTERDOWN` and `TRYAGAIN` are [`StoreError::Unavailable`].
+    /// [`multiplexed`](RedisStoreBuilder::multiplexed) and [`pool`](RedisStoreBuilder::pool)
+    /// do not apply: the cluster connection keeps one multiplexed connection per node.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tollgate_core::StoreError> {
+    /// use tollgate_redis::RedisStore;
+    ///
+    /// let store = RedisStore::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster<I, S>(initial_nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::with_target(Target::Cluster(
+            initial_nodes.into_iter().map(Into::into).collect(),
+        ))
+    }
+}
+
+/// Configures and connects a [`RedisStore`]; see [`RedisStore::builder`],
+/// [`RedisStore::sentinel`] and [`RedisStore::cluster`].
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisStoreBuilder {
-    url: String,
+    target: Target,
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
@@ -41,8 +132,12 @@ pub struct RedisStoreBuilder {
 
 impl RedisStoreBuilder {
     pub(crate) fn new(url: String) -> Self {
+        Self::with_target(Target::Url(url))
+    }
+
+    fn with_target(target: Target) -> Self {
         Self {
-            url,
+            target,
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -74,7 +169,7 @@ impl RedisStoreBuilder {
     }
 
     /// Uses one multiplexed connection that reconnects by itself (the default). Every clone of
-    /// the store shares it; concurrent calls are pipelined on it.
+    /// the store shares it; concurrent calls are pipelined on it. Only for a single server.
     pub fn multiplexed(mut self) -> Self {
         self.kind = Kind::Multiplexed;
         self
@@ -83,52 +178,27 @@ impl RedisStoreBuilder {
     /// Uses a bb8 pool of up to `size` multiplexed connections (at least 1). Calls take the
     /// connections in turn and share them (a call holds none while it waits for its reply), so
     /// a pool spreads load over `size` sockets without ever queueing a call behind another.
+    /// Only for a single server.
     pub fn pool(mut self, size: u32) -> Self {
         self.kind = Kind::Pool(size.max(1));
         self
     }
 
-    /// Validates the configuration, connects, and loads the scripts into the server's cache.
+    /// Validates the configuration, connects, and loads the scripts into the server's cache
+    /// (every primary's, on a Cluster).
     ///
     /// Fails with [`StoreError::InvalidKey`] for a bad prefix, and with
     /// [`StoreError::Unavailable`] for an unparsable URL (`redis://`, `rediss://` with the
-    /// `tls` feature, `redis://user:password@host:port/db`) or a server that cannot be reached
-    /// within the connect timeout.
+    /// `tls` feature, `redis://user:password@host:port/db`), an empty list of sentinels or
+    /// cluster nodes, or Redis that cannot be reached within the connect timeout.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         check_prefix(&self.prefix)?;
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| StoreError::unavailable(format!("invalid Redis URL: {e}"), e))?;
-        let connect = async {
-            match self.kind {
-                Kind::Multiplexed => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.connect_timeout))
-                        .set_number_of_retries(2)
-                        .set_max_delay(Duration::from_millis(500));
-                    ConnectionManager::new_with_config(client, config)
-                        .await
-                        .map(Conn::Multiplexed)
-                        .map_err(|e| classify(&e))
-                }
-                Kind::Pool(size) => {
-                    let manager = bb8_redis::RedisConnectionManager::new(self.url.as_str())
-                        .map_err(|e| classify(&e))?;
-                    let pool = bb8::Pool::builder()
-                        .max_size(size)
-                        .test_on_check_out(false)
-                        .queue_strategy(bb8::QueueStrategy::Fifo)
-                        .connection_timeout(self.connect_timeout)
-                        .build_unchecked(PoolManager(manager));
-                    Ok(Conn::Pool(pool))
-                }
-            }
-        };
         let store = async {
-            let conn = connect.await?;
+            let conn = self.connect().await?;
             let store = RedisStore {
                 inner: Arc::new(Inner {
                     conn,
-                    prefix: self.prefix.into(),
+                    prefix: self.prefix.clone().into(),
                     timeout: self.timeout,
                 }),
             };
@@ -138,6 +208,85 @@ impl RedisStoreBuilder {
         tokio::time::timeout(self.connect_timeout, store)
             .await
             .map_err(|_| StoreError::Timeout(self.connect_timeout))?
+    }
+
+    async fn connect(&self) -> Result<Conn, StoreError> {
+        let invalid = |what: &str, e: redis::RedisError| {
+            StoreError::unavailable(format!("invalid {what}: {e}"), e)
+        };
+        match &self.target {
+            Target::Url(url) => {
+                let client =
+                    redis::Client::open(url.as_str()).map_err(|e| invalid("Redis URL", e))?;
+                match self.kind {
+                    Kind::Multiplexed => {
+                        let config = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(self.connect_timeout))
+                            .set_number_of_retries(2)
+                            .set_max_delay(Duration::from_millis(500));
+                        ConnectionManager::new_with_config(client, config)
+                            .await
+                            .map(Conn::Multiplexed)
+                            .map_err(|e| classify(&e))
+                    }
+                    Kind::Pool(size) => {
+                        let manager = bb8_redis::RedisConnectionManager::new(url.as_str())
+                            .map_err(|e| classify(&e))?;
+                        let pool = bb8::Pool::builder()
+                            .max_size(size)
+                            .test_on_check_out(false)
+                            .queue_strategy(bb8::QueueStrategy::Fifo)
+                            .connection_timeout(self.connect_timeout)
+                            .build_unchecked(PoolManager(manager));
+                        Ok(Conn::Pool(pool))
+                    }
+                }
+            }
+            Target::Sentinel { master, sentinels } => {
+                if sentinels.is_empty() {
+                    return Err(StoreError::unavailable(
+                        "no sentinel URLs given".to_owned(),
+                        redis::RedisError::from((
+                            redis::ErrorKind::EmptySentinelList,
+                            "no sentinels",
+                        )),
+                    ));
+                }
+                let urls: Vec<&str> = sentinels.iter().map(String::as_str).collect();
+                let client =
+                    SentinelClient::build(urls, master.clone(), None, SentinelServerType::Master)
+                        .map_err(|e| invalid("Sentinel configuration", e))?;
+                Ok(Conn::Sentinel(Arc::new(SentinelConn::new(
+                    client,
+                    self.connect_timeout,
+                ))))
+            }
+            Target::Cluster(nodes) => {
+                if nodes.is_empty() {
+                    return Err(StoreError::unavailable(
+                        "no cluster nodes given".to_owned(),
+                        redis::RedisError::from((
+                            redis::ErrorKind::InvalidClientConfig,
+                            "no initial nodes",
+                        )),
+                    ));
+                }
+                // No retries by the connection itself: it would resend a request after a
+                // dropped connection. Redirections are followed in `connection.rs`.
+                let client =
+                    redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+                        .retries(0)
+                        .connection_timeout(self.connect_timeout)
+                        .response_timeout(self.timeout.max(self.connect_timeout))
+                        .build()
+                        .map_err(|e| invalid("cluster configuration", e))?;
+                client
+                    .get_async_connection()
+                    .await
+                    .map(Conn::Cluster)
+                    .map_err(|e| classify(&e))
+            }
+        }
     }
 }
 

@@ -1,18 +1,31 @@
-//! The two ways the store talks to Redis — one multiplexed connection that reconnects by
-//! itself, or a bb8 pool of them — behind one pair of calls: send a command, send a pipeline.
+//! The ways the store talks to Redis — one multiplexed connection that reconnects by itself, a
+//! bb8 pool of them, the primary that Sentinel names, or a Redis Cluster — behind one pair of
+//! calls: send a command, send a pipeline.
 
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::{Cmd, Pipeline, RedisError, RedisResult, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::sentinel::SentinelClient;
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind,
+    Value,
+};
 
-/// A connection to one Redis server.
+/// How many `MOVED`/`ASK` redirections one cluster command follows before giving up.
+const MAX_REDIRECTS: usize = 5;
+
+/// A connection to Redis.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Multiplexed(ConnectionManager),
     Pool(bb8::Pool<PoolManager>),
+    Sentinel(Arc<SentinelConn>),
+    Cluster(ClusterConnection),
 }
 
 impl Conn {
@@ -26,12 +39,15 @@ impl Conn {
                 mark_if_broken(&broken, &result);
                 result
             }
+            Self::Sentinel(s) => s.command(cmd).await,
+            Self::Cluster(c) => cluster_command(c, cmd).await,
         }?;
         value.extract_error()
     }
 
-    /// Sends a pipeline in one round trip. Error replies stay in place as
-    /// [`Value::ServerError`], so the caller sees which commands failed.
+    /// Sends a pipeline in one round trip (on a cluster: one round trip per node). Error
+    /// replies stay in place as [`Value::ServerError`], so the caller sees which commands
+    /// failed.
     pub(crate) async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
         match self {
             Self::Multiplexed(m) => m.clone().req_packed_commands(pipe, 0, count).await,
@@ -41,6 +57,8 @@ impl Conn {
                 mark_if_broken(&broken, &result);
                 result
             }
+            Self::Sentinel(s) => s.pipeline(pipe, count).await,
+            Self::Cluster(c) => cluster_pipeline(c, pipe).await,
         }
     }
 
@@ -48,9 +66,14 @@ impl Conn {
         match self {
             Self::Multiplexed(_) => "multiplexed",
             Self::Pool(_) => "pool",
+            Self::Sentinel(_) => "sentinel",
+            Self::Cluster(_) => "cluster",
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Pool
 
 /// Takes a connection from the pool and returns it at once, keeping a clone: a multiplexed
 /// connection is shared safely, so no call waits for another's round trip to finish, and the
@@ -112,4 +135,234 @@ impl bb8::ManageConnection for PoolManager {
     fn has_broken(&self, conn: &mut PooledConn) -> bool {
         conn.broken.load(Ordering::Relaxed)
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sentinel
+
+/// A multiplexed connection to the primary the sentinels name, re-resolved after a failover.
+///
+/// The connection is dropped — and the next call asks the sentinels again — when a call fails
+/// in a way that says this may no longer be the primary: an I/O error or dropped connection (it
+/// died), `READONLY` (it was demoted), `MASTERDOWN`, or a call abandoned at its deadline (it
+/// hangs, and may have been failed over from). A failed call is never resent, so a decision is
+/// applied at most once. Only one resolution runs at a time; it runs on its own task, so a
+/// caller's deadline cannot abandon it half done.
+pub(crate) struct SentinelConn {
+    client: Arc<tokio::sync::Mutex<SentinelClient>>,
+    current: Arc<Mutex<Current>>,
+    config: AsyncConnectionConfig,
+    resolve_timeout: Duration,
+}
+
+#[derive(Default)]
+struct Current {
+    /// Bumped at every resolution, so a stale failure cannot drop a newer connection.
+    generation: u64,
+    conn: Option<MultiplexedConnection>,
+}
+
+impl SentinelConn {
+    /// `resolve_timeout` bounds one resolution (sentinel queries, the primary's role check and
+    /// the connect).
+    pub(crate) fn new(client: SentinelClient, resolve_timeout: Duration) -> Self {
+        Self {
+            client: Arc::new(tokio::sync::Mutex::new(client)),
+            current: Arc::new(Mutex::new(Current::default())),
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(resolve_timeout))
+                .set_response_timeout(None),
+            resolve_timeout,
+        }
+    }
+
+    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        current.conn.clone().map(|c| (current.generation, c))
+    }
+
+    fn invalidate(&self, generation: u64) {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.generation == generation {
+            current.conn = None;
+        }
+    }
+
+    /// The current primary's connection, asking the sentinels for it if there is none.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let client = Arc::clone(&self.client).lock_owned().await;
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let (current, config, limit) = (
+            Arc::clone(&self.current),
+            self.config.clone(),
+            self.resolve_timeout,
+        );
+        let resolve = tokio::spawn(async move {
+            let mut client = client;
+            let connect = async {
+                let primary = client.async_get_client().await?;
+                primary
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+            };
+            let conn = tokio::time::timeout(limit, connect)
+                .await
+                .map_err(|_| timed_out("resolving the primary through Sentinel"))??;
+            let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
+            current.generation += 1;
+            current.conn = Some(conn.clone());
+            Ok((current.generation, conn))
+        });
+        resolve.await.map_err(|e| {
+            RedisError::from(io::Error::other(format!("Sentinel resolution failed: {e}")))
+        })?
+    }
+
+    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let (generation, mut conn) = self.connection().await?;
+        let mut guard = DropOnAbandon::new(self, generation);
+        let result = conn.req_packed_command(cmd).await;
+        guard.finished(match &result {
+            Err(e) => not_the_primary(e),
+            Ok(Value::ServerError(e)) => server_error_not_the_primary(e.code()),
+            Ok(_) => false,
+        });
+        result
+    }
+
+    async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        let (generation, mut conn) = self.connection().await?;
+        let mut guard = DropOnAbandon::new(self, generation);
+        let result = conn.req_packed_commands(pipe, 0, count).await;
+        guard.finished(match &result {
+            Err(e) => not_the_primary(e),
+            Ok(values) => values.iter().any(
+                |v| matches!(v, Value::ServerError(e) if server_error_not_the_primary(e.code())),
+            ),
+        });
+        result
+    }
+}
+
+/// Drops the Sentinel connection if the call is abandoned (its deadline fired) or finished
+/// with an error that says the server may no longer be the primary.
+struct DropOnAbandon<'a> {
+    conn: &'a SentinelConn,
+    generation: u64,
+    armed: bool,
+}
+
+impl<'a> DropOnAbandon<'a> {
+    fn new(conn: &'a SentinelConn, generation: u64) -> Self {
+        Self {
+            conn,
+            generation,
+            armed: true,
+        }
+    }
+
+    fn finished(&mut self, drop_connection: bool) {
+        self.armed = drop_connection;
+    }
+}
+
+impl Drop for DropOnAbandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.invalidate(self.generation);
+        }
+    }
+}
+
+fn not_the_primary(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Io | ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    ) || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+}
+
+fn server_error_not_the_primary(code: &str) -> bool {
+    matches!(code, "READONLY" | "MASTERDOWN")
+}
+
+fn timed_out(what: &str) -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("timed out {what}"),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster
+
+/// Sends one command on the cluster, following `MOVED` and `ASK` itself.
+///
+/// The cluster connection is built with no retries of its own: it would resend a request
+/// after its connection dropped, when the script may already have run. A redirection, in
+/// contrast, means the node did not run the command, so following it keeps every decision
+/// applied at most once. `MOVED` goes to the named node (the connection refreshes its slot map
+/// meanwhile); `ASK` goes to the importing node preceded by `ASKING`, in one round trip.
+async fn cluster_command(cluster: &ClusterConnection, cmd: &Cmd) -> RedisResult<Value> {
+    let mut conn = cluster.clone();
+    let mut result = conn.req_packed_command(cmd).await;
+    for _ in 0..MAX_REDIRECTS {
+        let Err(err) = &result else {
+            return result;
+        };
+        let Some((host, port)) = redirect_target(err) else {
+            return result;
+        };
+        let node = SingleNodeRoutingInfo::ByAddress { host, port };
+        result = if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) {
+            let mut pipe = Pipeline::with_capacity(2);
+            pipe.cmd("ASKING").add_command(cmd.clone());
+            conn.route_pipeline(pipe, 0, 2, node)
+                .await
+                .and_then(|replies| {
+                    let mut replies = replies.into_iter();
+                    // A reply that needs action (another redirection) already came back as Err.
+                    match (replies.next(), replies.next()) {
+                        (Some(Value::ServerError(e)), _) => Err(e.into()),
+                        (Some(_), Some(reply)) => Ok(reply),
+                        _ => Err(RedisError::from((
+                            ErrorKind::Parse,
+                            "ASKING pipeline returned too few replies",
+                        ))),
+                    }
+                })
+        } else {
+            conn.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
+                .await
+        };
+    }
+    result
+}
+
+/// The node a `MOVED` or `ASK` error points to.
+fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
+    let (addr, _slot) = err.redirect_node()?;
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// Sends every command of `pipe` at once, each routed to its own key's node: concurrent
+/// commands share each node's multiplexed connection, so a batch costs one round trip per node
+/// (the nodes in parallel). Commands are not sent as one cluster pipeline, because a
+/// redirection of one command would make the connection resend the whole pipeline, running
+/// the others twice. Plain error replies (`NOSCRIPT`, a script error) stay in place; a
+/// connection failure, or a cluster state that outlasts the redirections (`CLUSTERDOWN`,
+/// `TRYAGAIN`), fails the batch.
+async fn cluster_pipeline(cluster: &ClusterConnection, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+    let calls = pipe.cmd_iter().map(|cmd| cluster_command(cluster, cmd));
+    futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .collect()
 }

@@ -10,8 +10,10 @@ const VALIDATION_PREFIX: &str = "tollgate:";
 /// Classifies a Redis error.
 ///
 /// - connection refused, I/O, dropped connections, `LOADING`, `MASTERDOWN`, `READONLY`,
-///   `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`/`ASK` (a cluster re-sharding), `OOM` and a missing cluster
-///   node → [`StoreError::Unavailable`];
+///   `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`/`ASK` (a cluster re-sharding, seen only by a
+///   single-server connection: the Cluster connection follows them), `OOM`, a missing cluster
+///   node, and sentinels that name no reachable primary (a failover in progress) →
+///   [`StoreError::Unavailable`];
 /// - `BUSY` (another script is running) → [`StoreError::Busy`];
 /// - `ERR tollgate: ...` (a script refused its arguments; nothing was written) →
 ///   [`StoreError::InvalidPolicy`];
@@ -29,6 +31,8 @@ pub fn classify(err: &RedisError) -> StoreError {
     match err.kind() {
         ErrorKind::Io
         | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::MasterNameNotFoundBySentinel
+        | ErrorKind::NoValidReplicasFoundBySentinel
         | ErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::MasterDown
@@ -105,6 +109,17 @@ mod tests {
     }
 
     #[test]
+    fn sentinels_without_a_primary_mean_a_failover_is_in_progress() {
+        for kind in [
+            ErrorKind::MasterNameNotFoundBySentinel,
+            ErrorKind::NoValidReplicasFoundBySentinel,
+        ] {
+            let err = RedisError::from((kind, "no primary"));
+            assert_eq!(class(&err), ErrorClass::Unavailable, "{kind:?}");
+        }
+    }
+
+    #[test]
     fn server_states_that_pass_are_unavailable() {
         for line in [
             "LOADING Redis is loading the dataset in memory",
@@ -113,6 +128,7 @@ mod tests {
             "CLUSTERDOWN The cluster is down",
             "TRYAGAIN Multiple keys request during rehashing of slot",
             "MOVED 3999 127.0.0.1:6381",
+            "ASK 3999 127.0.0.1:6381",
             "OOM command not allowed when used memory > 'maxmemory'.",
         ] {
             assert_eq!(class(&reply(line)), ErrorClass::Unavailable, "{line}");

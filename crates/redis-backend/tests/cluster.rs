@@ -1,0 +1,396 @@
+//! RedisStore on a real 3-primary Redis Cluster: the conformance suite (every node on one
+//! frozen clock), concurrency exactness with keys on one slot and spread over every node, and
+//! a live slot migration under load — held in its `ASK` window — that no caller ever sees.
+//! Loopback only; every run is bounded.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tollgate_core::{Key, Policy, Rate, Store};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::clock::ServerClock;
+use tollgate_testkit::cluster::RedisCluster;
+use tollgate_testkit::conformance::{self, Harness};
+use tollgate_testkit::server::RedisServer;
+
+const HOUR: Duration = Duration::from_secs(3600);
+const INSTANCES: usize = 4;
+const TASKS_PER_INSTANCE: usize = 16;
+
+async fn store(urls: Vec<String>) -> RedisStore {
+    RedisStore::cluster(urls)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("cluster store")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conformance
+
+/// Three cluster primaries on one [`ServerClock`], formed with `redis-cli --cluster create`.
+/// testkit's `RedisCluster` runs on the real clock, so the clock-sharing variant is built here.
+struct FrozenCluster {
+    nodes: Vec<RedisServer>,
+    clock: ServerClock,
+}
+
+impl FrozenCluster {
+    fn start() -> Self {
+        let clock = ServerClock::new();
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::builder()
+                    .clock(clock.clone())
+                    .extra_args([
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                    ])
+                    .start()
+            })
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli (Debian's redis-tools)");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = Self { nodes, clock };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and knows the other two.
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                let info: String = n
+                    .client()
+                    .get_connection_with_timeout(Duration::from_millis(500))
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c))
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3\r")
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not converge");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+struct ClusterHarness {
+    cluster: FrozenCluster,
+    store: RedisStore,
+}
+
+#[async_trait]
+impl Harness for ClusterHarness {
+    type Store = RedisStore;
+
+    fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    async fn set_time(&self, micros: u64) {
+        // One control file for all three nodes: they move together.
+        self.cluster.clock.freeze_at_micros(micros);
+    }
+}
+
+/// Every conformance case in turn on one cluster, all nodes frozen on one clock and moved
+/// together (forward and back). Gossip survives the frozen clock: node timeouts are measured
+/// between a ping and its pong, which never straddle a clock move here.
+#[tokio::test]
+async fn conformance_suite_passes_on_a_three_primary_cluster() {
+    let cluster = FrozenCluster::start();
+    let urls = cluster.nodes.iter().map(RedisServer::url).collect();
+    cluster.clock.freeze_at_micros(conformance::T0);
+    let h = ClusterHarness {
+        store: store(urls).await,
+        cluster,
+    };
+    conformance::run_all(&h).await;
+    // The cases' scripts ran on every primary (buckets spread by their hash tags).
+    for node in &h.cluster.nodes {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut node.client().get_connection().unwrap())
+            .unwrap();
+        assert!(
+            stats.contains("cmdstat_evalsha:calls="),
+            "no script ran on node {}",
+            node.port()
+        );
+    }
+    eprintln!(
+        "conformance: {} cases passed on a 3-primary cluster",
+        conformance::CASES.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concurrency exactness
+
+/// `INSTANCES` independent cluster stores × `TASKS_PER_INSTANCE` tasks, each sending
+/// `per_task` requests of cost 1..=3 spread over `keys`; returns the tokens admitted per key.
+async fn hammer(urls: &[String], keys: &[Key], policy: Policy, per_task: usize) -> Vec<u64> {
+    let mut stores = Vec::new();
+    for _ in 0..INSTANCES {
+        stores.push(store(urls.to_vec()).await);
+    }
+    let keys = Arc::new(keys.to_vec());
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for (instance, store) in stores.into_iter().enumerate() {
+        for t in 0..TASKS_PER_INSTANCE {
+            let (store, keys, admitted) = (store.clone(), keys.clone(), admitted.clone());
+            let task = instance * TASKS_PER_INSTANCE + t;
+            tasks.push(tokio::spawn(async move {
+                for i in 0..per_task {
+                    let k = (task + i) % keys.len();
+                    let cost = ((task * 7 + i * 3) % 3) as u64 + 1;
+                    let d = store
+                        .acquire(&keys[k], &policy, cost)
+                        .await
+                        .expect("no error reaches a caller");
+                    if d.allowed {
+                        admitted[k].fetch_add(cost, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(30), async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await
+    .expect("the run finished in time");
+    admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn independent_stores_never_admit_more_than_the_policy_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    // One token per hour: over a run of seconds a bucket admits its capacity, plus at most
+    // one refilled token.
+    let policy = Policy::token_bucket(200, Rate::new(1, HOUR)).unwrap();
+    let one = [Key::new("exact", ["one"]).unwrap()];
+    let admitted = hammer(&urls, &one, policy, 20).await;
+    eprintln!(
+        "cluster, one key: {} requests, admitted {} (capacity 200)",
+        INSTANCES * TASKS_PER_INSTANCE * 20,
+        admitted[0]
+    );
+    assert!(
+        (198..=201).contains(&admitted[0]),
+        "one key: admitted {}",
+        admitted[0]
+    );
+
+    let policy = Policy::token_bucket(20, Rate::new(1, HOUR)).unwrap();
+    let many: Vec<Key> = (0..24)
+        .map(|i| Key::new("exact", [format!("k{i}")]).unwrap())
+        .collect();
+    let probe = store(urls.clone()).await;
+    let nodes: BTreeSet<usize> = many
+        .iter()
+        .map(|k| cluster.node_for_slot(RedisCluster::slot_of(probe.redis_key(k, &policy))))
+        .collect();
+    assert_eq!(nodes.len(), 3, "the keys spread over every primary");
+    let admitted = hammer(&urls, &many, policy, 20).await;
+    eprintln!(
+        "cluster, 24 keys over 3 primaries: {} requests, admitted per key {admitted:?} (capacity 20)",
+        INSTANCES * TASKS_PER_INSTANCE * 20,
+    );
+    for (k, a) in admitted.iter().enumerate() {
+        assert!((18..=21).contains(a), "key {k}: admitted {a}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_spanning_every_primary_is_decided_in_order() {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::fixed_window(3, HOUR).unwrap();
+    let keys: Vec<Key> = (0..12)
+        .map(|i| Key::new("batch", [format!("k{i}")]).unwrap())
+        .collect();
+    let nodes: BTreeSet<usize> = keys
+        .iter()
+        .map(|k| cluster.node_for_slot(RedisCluster::slot_of(store.redis_key(k, &policy))))
+        .collect();
+    assert_eq!(nodes.len(), 3);
+    // Each key twice, cost 2: the first is admitted, the second denied (1 left < 2).
+    let requests: Vec<tollgate_core::Acquire<'_>> = keys
+        .iter()
+        .chain(&keys)
+        .map(|key| tollgate_core::Acquire {
+            key,
+            policy: &policy,
+            cost: 2,
+        })
+        .collect();
+    let decisions = store.acquire_many(&requests).await.unwrap();
+    assert_eq!(decisions.len(), 24);
+    for (i, d) in decisions.iter().enumerate() {
+        assert_eq!(d.allowed, i < 12, "request {i}: {d:?}");
+        assert_eq!(d.remaining, 1, "request {i}");
+    }
+    // After SCRIPT FLUSH on every node, the batch reloads the scripts it lost.
+    for node in cluster.nodes() {
+        node.script_flush();
+    }
+    let decisions = store.acquire_many(&requests[..12]).await.unwrap();
+    assert!(decisions.iter().all(|d| !d.allowed && d.remaining == 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slot migration
+
+/// Keys of namespace `ns` whose buckets under `policy` all hash to one slot: the slot of the
+/// first key, plus `n - 1` others found by search.
+fn keys_in_one_slot(store: &RedisStore, policy: &Policy, ns: &str, n: usize) -> (u16, Vec<Key>) {
+    let first = Key::new(ns, ["k0"]).unwrap();
+    let slot = RedisCluster::slot_of(store.redis_key(&first, policy));
+    let mut keys = vec![first];
+    let mut i = 1_u32;
+    while keys.len() < n {
+        let key = Key::new(ns, [format!("k{i}")]).unwrap();
+        if RedisCluster::slot_of(store.redis_key(&key, policy)) == slot {
+            keys.push(key);
+        }
+        i += 1;
+    }
+    (slot, keys)
+}
+
+/// `errorstat_<code>` from a node's `INFO errorstats` (Redis 7 counts redirections there).
+fn error_count(server: &RedisServer, code: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("errorstat_{code}:count=")))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migration_under_load_surfaces_no_error_and_keeps_the_quota() {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::token_bucket(50, Rate::new(1, HOUR)).unwrap();
+    let (slot, keys) = keys_in_one_slot(&store, &policy, "mig", 6);
+    // Half the buckets exist before the load starts; the load creates the others.
+    for key in &keys[..3] {
+        store.acquire(key, &policy, 1).await.unwrap();
+    }
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(1)).collect());
+    for a in &admitted[3..] {
+        a.store(0, Ordering::Relaxed);
+    }
+    let errors = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let keys = Arc::new(keys);
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let (store, keys, admitted, errors, calls, stop) = (
+            store.clone(),
+            keys.clone(),
+            admitted.clone(),
+            errors.clone(),
+            calls.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut i = t;
+            while !stop.load(Ordering::Relaxed) {
+                let k = i % keys.len();
+                match store.acquire(&keys[k], &policy, 1).await {
+                    Ok(d) if d.allowed => {
+                        admitted[k].fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        eprintln!("a caller saw an error during the migration: {e}");
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                calls.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+                // Keep the load steady rather than draining the buckets at once.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    let asks_before = error_count(&cluster.nodes()[from], "ASK");
+    let report = tokio::task::block_in_place(|| {
+        // Move two of the three existing buckets, then hold the ASK window under load.
+        let migration = cluster.begin_slot_migration(slot, from, to, 2);
+        std::thread::sleep(Duration::from_millis(600));
+        migration.finish()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let asks = error_count(&cluster.nodes()[from], "ASK") - asks_before;
+    let moved = error_count(&cluster.nodes()[from], "MOVED");
+    let admitted: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    eprintln!(
+        "slot {slot} migrated {from} -> {to} ({} keys in {:?}) under load: {} calls, {} errors \
+         surfaced, {asks} ASK and {moved} MOVED redirections followed, admitted per key {admitted:?}",
+        report.keys_moved,
+        report.elapsed,
+        calls.load(Ordering::Relaxed),
+        errors.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "no error reached a caller"
+    );
+    assert!(asks > 0, "the load met the ASK window");
+    assert_eq!(cluster.node_for_slot(slot), to);
+    for (k, a) in admitted.iter().enumerate() {
+        assert!(
+            *a <= 51,
+            "key {k}: admitted {a}, above capacity plus refill"
+        );
+    }
+    // The buckets moved with their state: each is now read on the new owner.
+    for (k, key) in keys.iter().enumerate() {
+        let d = store.peek(key, &policy, 1).await.unwrap();
+        assert!(
+            d.remaining + admitted[k] >= 49 && d.remaining + admitted[k] <= 51,
+            "key {k}: remaining {} after {} admitted",
+            d.remaining,
+            admitted[k]
+        );
+    }
+}
