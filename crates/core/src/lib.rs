@@ -6,10 +6,10 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate_core::{Policy, Rate, algorithm::{self, State}};
+//! use tollgate_core::{Policy, Rate, algorithm};
 //!
 //! let policy = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
-//! let mut state: Option<State> = None;
+//! let mut state = None;
 //! let out = algorithm::apply(&mut state, &policy, 1_000_000, 4, true).unwrap();
 //! assert!(out.decision.allowed);
 //! assert_eq!(out.decision.remaining, 6);
@@ -28,7 +28,7 @@ pub use decision::{Decision, Enforcement};
 pub use key::{Key, KeyError, MAX_KEY_PART_BYTES};
 pub use policy::{
     Algorithm, FixedWindow, MAX_DURATION, MAX_EXACT, MAX_SLIDING_LOG_LIMIT, Policy, PolicyError,
-    Rate, SlidingLog, TokenBucket,
+    Rate, SlidingLog, TokenBucket, Transition,
 };
 pub use spec::SpecError;
 pub use store::{Acquire, ErrorClass, Store, StoreError};

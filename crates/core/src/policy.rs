@@ -1,7 +1,7 @@
 //! Policies: an algorithm with its parameters, validated at construction so that every
 //! `Policy` value is usable. Invalid parameters are a [`PolicyError`], never a panic.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 /// Largest integer that every number in a bucket's state may reach. Lua (and so Redis scripts)
@@ -222,7 +222,82 @@ impl Algorithm {
     }
 }
 
-/// An algorithm with validated parameters, a generation and a fingerprint.
+/// How a bucket already written under other parameters moves to a newer policy. Chosen per
+/// policy; the transition happens inside the same atomic step as the decision that meets the
+/// bucket first (see `docs/policy-changes.md`).
+///
+/// A bucket records the generation and parameters that last wrote it. A caller whose policy is
+/// *newer* (a higher generation, or the same generation with other parameters) applies its
+/// rule; a caller whose policy is *older* is decided under the stored, newer parameters, so a
+/// fleet in mid-rollout enforces one policy per bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Transition {
+    /// A fresh bucket under the new parameters (full token bucket, empty window or log).
+    Reset,
+    /// Keep what was used and reinterpret it under the new parameters: tokens are converted to
+    /// the new units and clamped to the new capacity; a window keeps its count; a log keeps its
+    /// live entries. The default of [`Policy`]'s constructors (generation 0): an in-place edit
+    /// of a policy behaves as it always did.
+    #[default]
+    Carry,
+    /// Keep the fraction of the limit still available, rounded down.
+    Proportional,
+    /// The old parameters keep governing the bucket until it expires (its expiry no longer
+    /// moves), then the new ones apply to a fresh bucket.
+    DeferUntilExpiry,
+}
+
+impl Transition {
+    /// Every rule, in code order.
+    pub const ALL: [Self; 4] = [
+        Self::Reset,
+        Self::Carry,
+        Self::Proportional,
+        Self::DeferUntilExpiry,
+    ];
+
+    /// A stable name as written in a policy spec (`reset`, `carry`, `proportional`,
+    /// `defer-until-expiry`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reset => "reset",
+            Self::Carry => "carry",
+            Self::Proportional => "proportional",
+            Self::DeferUntilExpiry => "defer-until-expiry",
+        }
+    }
+
+    /// The rule's number in a Redis script's arguments (0 to 3).
+    pub fn code(self) -> u64 {
+        match self {
+            Self::Reset => 0,
+            Self::Carry => 1,
+            Self::Proportional => 2,
+            Self::DeferUntilExpiry => 3,
+        }
+    }
+
+    /// Parses a rule name (`defer` is accepted for `defer-until-expiry`).
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "reset" => Self::Reset,
+            "carry" => Self::Carry,
+            "proportional" => Self::Proportional,
+            "defer-until-expiry" | "defer" => Self::DeferUntilExpiry,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Transition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An algorithm with validated parameters, a generation, a [`Transition`] rule and a
+/// fingerprint.
 ///
 /// ```
 /// use std::time::Duration;
@@ -238,6 +313,7 @@ impl Algorithm {
 pub struct Policy {
     algorithm: Algorithm,
     generation: u64,
+    transition: Transition,
 }
 
 const MIN_WINDOW: Duration = Duration::from_millis(1);
@@ -302,6 +378,7 @@ impl Policy {
                 max_elapsed_micros: None,
             }),
             generation: 0,
+            transition: Transition::Carry,
         })
     }
 
@@ -315,6 +392,7 @@ impl Policy {
                 window_micros,
             }),
             generation: 0,
+            transition: Transition::Carry,
         })
     }
 
@@ -328,14 +406,29 @@ impl Policy {
                 window_micros,
             }),
             generation: 0,
+            transition: Transition::Carry,
         })
     }
 
-    /// The same policy with another generation.
+    /// The same policy with another generation. A generation above [`MAX_EXACT`] is refused
+    /// when the policy is used (see [`Policy::check_cost`]).
     #[must_use]
     pub fn with_generation(mut self, generation: u64) -> Self {
         self.generation = generation;
         self
+    }
+
+    /// The same policy with another rule for moving live buckets to it (default
+    /// [`Transition::Carry`]).
+    #[must_use]
+    pub fn with_transition(mut self, transition: Transition) -> Self {
+        self.transition = transition;
+        self
+    }
+
+    /// How a live bucket written by an older policy moves to this one.
+    pub const fn transition(&self) -> Transition {
+        self.transition
     }
 
     /// For a token bucket, caps the elapsed time one call may credit, so that a forward clock
@@ -365,15 +458,19 @@ impl Policy {
 
     /// The largest cost one request may have: capacity or limit.
     pub const fn limit(&self) -> u64 {
-        match &self.algorithm {
-            Algorithm::TokenBucket(tb) => tb.capacity,
-            Algorithm::FixedWindow(fw) => fw.limit,
-            Algorithm::SlidingLog(sl) => sl.limit,
-        }
+        self.algorithm.limit()
     }
 
-    /// Checks a request's cost: at least 1 and at most [`Policy::limit`].
+    /// Checks a request's cost: at least 1 and at most [`Policy::limit`]; and that the
+    /// generation is at most [`MAX_EXACT`] (so the Redis scripts hold it exactly).
     pub const fn check_cost(&self, cost: u64) -> Result<(), PolicyError> {
+        if self.generation > MAX_EXACT {
+            return Err(PolicyError::TooLarge {
+                field: "generation",
+                max: MAX_EXACT,
+                got: self.generation,
+            });
+        }
         if cost == 0 {
             return Err(PolicyError::ZeroCost);
         }
@@ -384,7 +481,8 @@ impl Policy {
         Ok(())
     }
 
-    /// A stable 64-bit fingerprint of the algorithm and parameters (not the generation):
+    /// A stable 64-bit fingerprint of the algorithm and parameters (not the generation, nor the
+    /// transition rule):
     /// FNV-1a over a canonical encoding, equal across processes and versions.
     pub fn fingerprint(&self) -> u64 {
         let mut h = Fnv::default();
@@ -408,6 +506,75 @@ impl Policy {
             }
         }
         h.0
+    }
+}
+
+impl Policy {
+    /// The policy as a spec that parses back to an equal policy (the form the registry
+    /// stores): `token-bucket:capacity=10,rate=7,period=3000000us,generation=2,transition=carry`.
+    ///
+    /// ```
+    /// use tollgate_core::{Policy, Transition};
+    /// let p: Policy = "sliding-log:limit=5,window=2s,generation=3,transition=proportional".parse().unwrap();
+    /// assert_eq!(p.to_spec().parse::<Policy>().unwrap(), p);
+    /// assert_eq!(p.transition(), Transition::Proportional);
+    /// ```
+    pub fn to_spec(&self) -> String {
+        let head = match &self.algorithm {
+            Algorithm::TokenBucket(tb) => {
+                let mut s = format!(
+                    "token-bucket:capacity={},rate={},period={}us",
+                    tb.capacity,
+                    tb.refill.tokens,
+                    tb.refill.period.as_micros()
+                );
+                if let Some(m) = tb.max_elapsed_micros {
+                    let _ = write!(s, ",max-elapsed={m}us");
+                }
+                s
+            }
+            Algorithm::FixedWindow(fw) => {
+                format!(
+                    "fixed-window:limit={},window={}us",
+                    fw.limit, fw.window_micros
+                )
+            }
+            Algorithm::SlidingLog(sl) => {
+                format!(
+                    "sliding-log:limit={},window={}us",
+                    sl.limit, sl.window_micros
+                )
+            }
+        };
+        format!(
+            "{head},generation={},transition={}",
+            self.generation, self.transition
+        )
+    }
+}
+
+impl Algorithm {
+    /// The same parameters in their canonical form: a token bucket's refill is rewritten as
+    /// `rate` tokens every `unit` microseconds (the reduced ratio the maths uses), so two
+    /// algorithms are equal exactly when they decide alike. This is the form a bucket stores.
+    #[must_use]
+    pub fn normalized(&self) -> Self {
+        match *self {
+            Self::TokenBucket(tb) => Self::TokenBucket(TokenBucket {
+                refill: Rate::new(tb.rate, Duration::from_micros(tb.unit)),
+                ..tb
+            }),
+            other => other,
+        }
+    }
+
+    /// The largest cost one request may have: capacity or limit.
+    pub const fn limit(&self) -> u64 {
+        match self {
+            Self::TokenBucket(tb) => tb.capacity,
+            Self::FixedWindow(fw) => fw.limit,
+            Self::SlidingLog(sl) => sl.limit,
+        }
     }
 }
 
@@ -436,7 +603,11 @@ impl fmt::Display for Policy {
                 )
             }
         }?;
-        write!(f, ",generation={}", self.generation)
+        write!(f, ",generation={}", self.generation)?;
+        if self.transition != Transition::Carry {
+            write!(f, ",transition={}", self.transition)?;
+        }
+        Ok(())
     }
 }
 

@@ -1,11 +1,16 @@
 //! The textual form of a policy, as written on a command line or in a policy file:
 //! `token-bucket:capacity=10,rate=2`, `fixed-window:limit=100,window=1m`,
 //! `sliding-log:limit=20,window=10s`.
+//!
+//! Every algorithm also takes `generation=N` and `transition=reset|carry|proportional|defer`
+//! (see [`Transition`]). A spec with a generation above 0 must name its transition: a
+//! published policy change says how live buckets move to it, never by default. Without a
+//! generation the rule defaults to `carry`, how an in-place edit has always behaved.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::{Policy, PolicyError, Rate};
+use crate::{MAX_EXACT, Policy, PolicyError, Rate, Transition};
 
 /// Why a policy spec could not be parsed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -100,8 +105,42 @@ impl<'a> Params<'a> {
     }
 
     fn generation(&self) -> Result<u64, SpecError> {
-        self.get("generation")
-            .map_or(Ok(0), |v| v.parse().map_err(|e| bad("generation", v, &e)))
+        let g = self
+            .get("generation")
+            .map_or(Ok(0), |v| v.parse().map_err(|e| bad("generation", v, &e)))?;
+        if g > MAX_EXACT {
+            return Err(PolicyError::TooLarge {
+                field: "generation",
+                max: MAX_EXACT,
+                got: g,
+            }
+            .into());
+        }
+        Ok(g)
+    }
+
+    /// Applies `generation` and `transition`; a generation above 0 needs an explicit rule.
+    fn versioned(&self, policy: Policy) -> Result<Policy, SpecError> {
+        let generation = self.generation()?;
+        let transition = match self.get("transition") {
+            Some(v) => Transition::parse(v).ok_or_else(|| {
+                bad(
+                    "transition",
+                    v,
+                    &"expected reset, carry, proportional or defer-until-expiry",
+                )
+            })?,
+            None if generation > 0 => {
+                return Err(SpecError::Missing {
+                    algorithm: self.algorithm,
+                    name: "transition",
+                });
+            }
+            None => Transition::Carry,
+        };
+        Ok(policy
+            .with_generation(generation)
+            .with_transition(transition))
     }
 }
 
@@ -130,8 +169,10 @@ impl FromStr for Policy {
     /// use tollgate_core::Policy;
     /// let p: Policy = "token-bucket:capacity=10,rate=2".parse().unwrap();
     /// assert_eq!(p.limit(), 10);
-    /// let p: Policy = "token-bucket:capacity=5,rate=0.5,max-elapsed=30s,generation=3".parse().unwrap();
+    /// let p: Policy = "token-bucket:capacity=5,rate=0.5,max-elapsed=30s,generation=3,transition=carry".parse().unwrap();
     /// assert_eq!(p.generation(), 3);
+    /// // a published generation must say how live buckets move to it
+    /// assert!("token-bucket:capacity=5,rate=1,generation=3".parse::<Policy>().is_err());
     /// let p: Policy = "fixed-window:limit=100,window=1m".parse().unwrap();
     /// assert_eq!(p.limit(), 100);
     /// assert!("sliding-log:limit=0,window=1s".parse::<Policy>().is_err());
@@ -144,7 +185,14 @@ impl FromStr for Policy {
                 let p = Params::parse(
                     "token-bucket",
                     body,
-                    &["capacity", "rate", "period", "max-elapsed", "generation"],
+                    &[
+                        "capacity",
+                        "rate",
+                        "period",
+                        "max-elapsed",
+                        "generation",
+                        "transition",
+                    ],
                 )?;
                 let capacity = p.count("capacity")?;
                 let rate_text = p.require("rate")?;
@@ -170,23 +218,31 @@ impl FromStr for Policy {
                 if let Some(cap) = p.duration("max-elapsed")? {
                     policy = policy.with_max_elapsed(cap)?;
                 }
-                policy.with_generation(p.generation()?)
+                p.versioned(policy)?
             }
             "fixed-window" | "fixed_window" | "fw" => {
-                let p = Params::parse("fixed-window", body, &["limit", "window", "generation"])?;
+                let p = Params::parse(
+                    "fixed-window",
+                    body,
+                    &["limit", "window", "generation", "transition"],
+                )?;
                 let window = p.duration("window")?.ok_or(SpecError::Missing {
                     algorithm: "fixed-window",
                     name: "window",
                 })?;
-                Policy::fixed_window(p.count("limit")?, window)?.with_generation(p.generation()?)
+                p.versioned(Policy::fixed_window(p.count("limit")?, window)?)?
             }
             "sliding-log" | "sliding_log" | "sl" => {
-                let p = Params::parse("sliding-log", body, &["limit", "window", "generation"])?;
+                let p = Params::parse(
+                    "sliding-log",
+                    body,
+                    &["limit", "window", "generation", "transition"],
+                )?;
                 let window = p.duration("window")?.ok_or(SpecError::Missing {
                     algorithm: "sliding-log",
                     name: "window",
                 })?;
-                Policy::sliding_log(p.count("limit")?, window)?.with_generation(p.generation()?)
+                p.versioned(Policy::sliding_log(p.count("limit")?, window)?)?
             }
             other => return Err(SpecError::UnknownAlgorithm(other.to_owned())),
         };
@@ -222,6 +278,47 @@ mod tests {
             .parse::<Policy>()
             .unwrap_err();
         assert!(matches!(e, SpecError::Duplicate(_)));
+    }
+
+    #[test]
+    fn a_generation_needs_an_explicit_transition() {
+        let e = "fixed-window:limit=1,window=1s,generation=2"
+            .parse::<Policy>()
+            .unwrap_err();
+        assert_eq!(
+            e,
+            SpecError::Missing {
+                algorithm: "fixed-window",
+                name: "transition"
+            }
+        );
+        let p: Policy = "fixed-window:limit=1,window=1s".parse().unwrap();
+        assert_eq!(p.transition(), Transition::Carry);
+        let p: Policy = "sl:limit=1,window=1s,generation=2,transition=defer"
+            .parse()
+            .unwrap();
+        assert_eq!(p.transition(), Transition::DeferUntilExpiry);
+        assert!(matches!(
+            "fw:limit=1,window=1s,generation=1,transition=maybe".parse::<Policy>(),
+            Err(SpecError::BadValue { .. })
+        ));
+        assert!(matches!(
+            "fw:limit=1,window=1s,generation=9007199254740992,transition=reset".parse::<Policy>(),
+            Err(SpecError::Policy(PolicyError::TooLarge { .. }))
+        ));
+    }
+
+    #[test]
+    fn to_spec_round_trips_every_algorithm_and_rule() {
+        for text in [
+            "token-bucket:capacity=7,rate=7,period=3s,max-elapsed=2s,generation=4,transition=proportional",
+            "token-bucket:capacity=10,rate=0.5",
+            "fixed-window:limit=100,window=1m,generation=1,transition=reset",
+            "sliding-log:limit=20,window=1500ms,generation=9,transition=defer-until-expiry",
+        ] {
+            let p: Policy = text.parse().unwrap();
+            assert_eq!(p.to_spec().parse::<Policy>().unwrap(), p, "{text}");
+        }
     }
 
     #[test]

@@ -1,14 +1,14 @@
 //! One stored bucket and its expiry, kept in Redis's millisecond terms so the local store
 //! expires keys exactly when a Redis server on the same clock would.
 
-use tollgate_core::algorithm::{self, State};
+use tollgate_core::algorithm::{self, Record};
 use tollgate_core::{Decision, Policy, StoreError};
 
 /// A bucket's state and the instant it expires.
 #[derive(Debug)]
 pub(crate) struct Bucket {
     /// `None` once the bucket is known to be expired (equivalent to a missing key).
-    pub(crate) state: Option<State>,
+    pub(crate) state: Option<Record>,
     /// Last millisecond (since the epoch) at which the bucket is alive, as Redis `PEXPIRE`.
     pub(crate) expires_at_ms: u64,
 }
@@ -21,7 +21,7 @@ pub(crate) const fn expires_at_ms(now_us: u64, ttl_us: u64) -> u64 {
 
 impl Bucket {
     /// A new bucket holding `state`, written at `now_us` with a TTL of `ttl_us`.
-    pub(crate) fn new(state: Option<State>, now_us: u64, ttl_us: u64) -> Self {
+    pub(crate) fn new(state: Option<Record>, now_us: u64, ttl_us: u64) -> Self {
         Self {
             state,
             expires_at_ms: expires_at_ms(now_us, ttl_us),
@@ -35,7 +35,8 @@ impl Bucket {
     }
 
     /// Applies `cost` at `now_us` in place. An expired bucket counts as missing and stays
-    /// expired unless the outcome writes a state; an unchanged state keeps its expiry.
+    /// expired unless the outcome writes a state; an unchanged state keeps its expiry, and so
+    /// does one rewritten with `keep_expiry` (Redis `SET ... KEEPTTL`).
     pub(crate) fn apply(
         &mut self,
         policy: &Policy,
@@ -51,7 +52,7 @@ impl Bucket {
         let out = algorithm::apply(&mut self.state, policy, now_us, cost, true)?;
         match out.ttl_micros {
             Some(ttl) => self.expires_at_ms = expires_at_ms(now_us, ttl),
-            None if !was_alive => self.state = None,
+            None if !was_alive && !out.keep_expiry => self.state = None,
             None => {}
         }
         Ok(out.decision)
@@ -63,7 +64,11 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use tollgate_core::Rate;
-    use tollgate_core::algorithm::TokenBucketState;
+    use tollgate_core::algorithm::{State, TokenBucketState};
+
+    fn policy_for_test() -> Policy {
+        Policy::token_bucket(2, Rate::per_second(1)).unwrap()
+    }
 
     #[test]
     fn expiry_rounds_the_ttl_up_to_whole_milliseconds() {
@@ -75,10 +80,15 @@ mod tests {
 
     #[test]
     fn alive_through_the_expiry_millisecond_then_missing() {
-        let state = State::TokenBucket(TokenBucketState {
-            level: 0,
-            updated: 0,
-        });
+        let state = Record {
+            generation: 0,
+            params: *policy_for_test().algorithm(),
+            pending: None,
+            state: State::TokenBucket(TokenBucketState {
+                level: 0,
+                updated: 0,
+            }),
+        };
         let b = Bucket::new(Some(state), 1_000_000, 1_500);
         assert_eq!(b.expires_at_ms, 1_002);
         assert!(b.is_alive(1_002));

@@ -27,6 +27,7 @@
 mod builder;
 mod connection;
 mod error;
+pub mod record;
 pub mod scripts;
 mod store;
 

@@ -2,16 +2,24 @@
 //! is the Redis twin of one function in `tollgate_core::algorithm`; a differential test on a
 //! shared clock holds them equal.
 //!
-//! Every script takes `KEYS[1]` = the bucket key and `ARGV` = the policy's integer parameters,
-//! then `cost`, then `commit` (1 = acquire, 0 = peek, which never writes). It replies
-//! `{allowed (0/1), remaining, retry_after_us (-1 when allowed), reset_after_us}`, or an
-//! error reply starting `ERR tollgate:` (having written nothing) when an argument is invalid.
+//! Every script is `scripts/prelude.lua` (argument checks, the record codec, exact integer
+//! helpers and the policy-change rules) followed by the algorithm's own file. It takes
+//! `KEYS[1]` = the bucket key and `ARGV` = the policy's integer parameters, its generation and
+//! transition rule (0 reset, 1 carry, 2 proportional, 3 defer until expiry), then `cost`, then
+//! `commit` (1 = acquire, 0 = peek, which never writes). It replies `{allowed (1/0),
+//! remaining, retry_after_us (-1 when allowed), reset_after_us, limit}` where `limit` is that
+//! of the policy that governed (a newer stored one may govern an older caller); `allowed` is
+//! -1 when the cost is above that limit (nothing written). An argument it refuses gives an
+//! error reply starting `ERR tollgate:`, having written nothing.
 //!
-//! | script | parameters | state (one STRING, `struct.pack`, little-endian doubles) |
+//! Each bucket is one STRING, a [`crate::record`]: a tag byte, then varints for the
+//! generation, the pending deferral, the parameters and the state:
+//!
+//! | script | parameters | state |
 //! |---|---|---|
-//! | `token_bucket` | capacity, unit, rate, max_elapsed_us (0 = none) | `level_units, updated_us` (16 bytes) |
-//! | `fixed_window` | limit, window_us | `window_start_us, count` (16 bytes) |
-//! | `sliding_log` | limit, window_us | `(time_us, cost)` pairs, oldest first (16 bytes each, at most `limit`) |
+//! | `token_bucket` (tag 1) | capacity, unit, rate, max_elapsed_us (0 = none) | level_units, updated_us |
+//! | `fixed_window` (tag 2) | limit, window_us | window_start_us, count |
+//! | `sliding_log` (tag 3) | limit, window_us | `(time_us, cost)` pairs, `struct.pack('<dd')`, oldest first (16 bytes each, at most 1000) |
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -64,17 +72,26 @@ static SCRIPTS: LazyLock<[Script; 3]> = LazyLock::new(|| {
         Script::new(
             "token_bucket",
             "tb",
-            include_str!("../scripts/token_bucket.lua"),
+            concat!(
+                include_str!("../scripts/prelude.lua"),
+                include_str!("../scripts/token_bucket.lua")
+            ),
         ),
         Script::new(
             "fixed_window",
             "fw",
-            include_str!("../scripts/fixed_window.lua"),
+            concat!(
+                include_str!("../scripts/prelude.lua"),
+                include_str!("../scripts/fixed_window.lua")
+            ),
         ),
         Script::new(
             "sliding_log",
             "sl",
-            include_str!("../scripts/sliding_log.lua"),
+            concat!(
+                include_str!("../scripts/prelude.lua"),
+                include_str!("../scripts/sliding_log.lua")
+            ),
         ),
     ]
 });
@@ -113,13 +130,14 @@ pub fn try_for_policy(policy: &Policy) -> Option<&'static Script> {
     }
 }
 
-/// The script's `ARGV` for one request: the policy's parameters, then `cost`, then `commit`.
+/// The script's `ARGV` for one request: the policy's parameters, its generation and
+/// transition code, then `cost`, then `commit`.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tollgate_core::{Policy, Rate};
-/// let p = Policy::token_bucket(10, Rate::per_second(2)).unwrap();
-/// assert_eq!(tollgate_redis::scripts::args(&p, 3, true).as_slice(), &[10, 500_000, 1, 0, 3, 1]);
+/// let p = Policy::token_bucket(10, Rate::per_second(2)).unwrap().with_generation(4);
+/// assert_eq!(tollgate_redis::scripts::args(&p, 3, true).as_slice(), &[10, 500_000, 1, 0, 4, 1, 3, 1]);
 /// ```
 ///
 /// # Panics
@@ -131,17 +149,24 @@ pub fn args(policy: &Policy, cost: u64, commit: bool) -> Args {
 /// The script's `ARGV` for one request, or `None` for an algorithm without a script.
 pub fn try_args(policy: &Policy, cost: u64, commit: bool) -> Option<Args> {
     let commit = u64::from(commit);
+    let (generation, rule) = (policy.generation(), policy.transition().code());
     Some(match policy.algorithm() {
         Algorithm::TokenBucket(tb) => Args::new(&[
             tb.capacity,
             tb.unit,
             tb.rate,
             tb.max_elapsed_micros.unwrap_or(0),
+            generation,
+            rule,
             cost,
             commit,
         ]),
-        Algorithm::FixedWindow(fw) => Args::new(&[fw.limit, fw.window_micros, cost, commit]),
-        Algorithm::SlidingLog(sl) => Args::new(&[sl.limit, sl.window_micros, cost, commit]),
+        Algorithm::FixedWindow(fw) => {
+            Args::new(&[fw.limit, fw.window_micros, generation, rule, cost, commit])
+        }
+        Algorithm::SlidingLog(sl) => {
+            Args::new(&[sl.limit, sl.window_micros, generation, rule, cost, commit])
+        }
         _ => return None,
     })
 }
@@ -157,14 +182,14 @@ pub(crate) fn unsupported(policy: &Policy) -> StoreError {
 /// A script's integer arguments, held inline (no allocation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Args {
-    values: [u64; 6],
+    values: [u64; 8],
     len: usize,
 }
 
 impl Args {
     fn new(values: &[u64]) -> Self {
         let mut out = Self {
-            values: [0; 6],
+            values: [0; 8],
             len: values.len(),
         };
         out.values[..values.len()].copy_from_slice(values);
@@ -218,7 +243,7 @@ pub(crate) struct Invocation<'a> {
     pub(crate) script: &'static Script,
     pub(crate) key: BucketKey<'a>,
     pub(crate) args: Args,
-    pub(crate) limit: u64,
+    pub(crate) cost: u64,
 }
 
 impl<'a> Invocation<'a> {
@@ -241,7 +266,7 @@ impl<'a> Invocation<'a> {
                 suffix: script.suffix,
             },
             args,
-            limit: policy.limit(),
+            cost,
         })
     }
 
@@ -295,10 +320,13 @@ mod tests {
             .unwrap();
         assert_eq!(
             args(&p, 2, false).as_slice(),
-            &[7, 3_000_000, 7, 2_000_000, 2, 0]
+            &[7, 3_000_000, 7, 2_000_000, 0, 1, 2, 0]
         );
-        let p = Policy::sliding_log(5, Duration::from_millis(1500)).unwrap();
-        assert_eq!(args(&p, 5, true).as_slice(), &[5, 1_500_000, 5, 1]);
+        let p = Policy::sliding_log(5, Duration::from_millis(1500))
+            .unwrap()
+            .with_generation(3)
+            .with_transition(tollgate_core::Transition::DeferUntilExpiry);
+        assert_eq!(args(&p, 5, true).as_slice(), &[5, 1_500_000, 3, 3, 5, 1]);
     }
 
     #[test]
@@ -308,7 +336,7 @@ mod tests {
         let sha = String::from_utf8(inv.cmd(Call::EvalSha).get_packed_command()).unwrap();
         assert!(sha.contains(all()[1].sha()));
         assert!(
-            sha.ends_with("$8\r\nt:{k}:fw\r\n$1\r\n3\r\n$7\r\n1000000\r\n$1\r\n1\r\n$1\r\n1\r\n")
+            sha.ends_with("$8\r\nt:{k}:fw\r\n$1\r\n3\r\n$7\r\n1000000\r\n$1\r\n0\r\n$1\r\n1\r\n$1\r\n1\r\n$1\r\n1\r\n")
         );
         let eval = String::from_utf8(inv.cmd(Call::Eval).get_packed_command()).unwrap();
         assert!(eval.contains("tollgate fixed window"));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::{Pipeline, RedisError, Value};
-use tollgate_core::{Acquire, Decision, Key, Policy, Store, StoreError};
+use tollgate_core::{Acquire, Decision, Key, MAX_EXACT, Policy, PolicyError, Store, StoreError};
 
 use crate::builder::RedisStoreBuilder;
 use crate::connection::Conn;
@@ -181,7 +181,7 @@ impl RedisStore {
                 Err(e) if is_noscript(&e) => self.inner.conn.command(&inv.cmd(Call::Eval)).await,
                 other => other,
             };
-            decision(reply, inv.limit)
+            decision(reply, inv.cost)
         })
         .await
     }
@@ -235,7 +235,7 @@ impl RedisStore {
         replies
             .into_iter()
             .zip(&invs)
-            .map(|(reply, inv)| decision(reply.extract_error(), inv.limit))
+            .map(|(reply, inv)| decision(reply.extract_error(), inv.cost))
             .collect()
     }
 }
@@ -244,8 +244,9 @@ fn is_noscript_reply(v: &Value) -> bool {
     matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
-/// Turns a script's reply `{allowed, remaining, retry_after_us, reset_after_us}` into a decision.
-fn decision(reply: Result<Value, RedisError>, limit: u64) -> Result<Decision, StoreError> {
+/// Turns a script's reply `{allowed, remaining, retry_after_us, reset_after_us, limit}` into a
+/// decision; `allowed` -1 means `cost` is above the governing limit.
+fn decision(reply: Result<Value, RedisError>, cost: u64) -> Result<Decision, StoreError> {
     let reply = reply.map_err(|e| classify(&e))?;
     let bad = || StoreError::Script(format!("unexpected script reply: {reply:?}"));
     let Value::Array(items) = &reply else {
@@ -256,10 +257,21 @@ fn decision(reply: Result<Value, RedisError>, limit: u64) -> Result<Decision, St
         Value::Int(remaining),
         Value::Int(retry),
         Value::Int(reset),
+        Value::Int(limit),
     ] = items.as_slice()
     else {
         return Err(bad());
     };
+    let limit = match u64::try_from(*limit) {
+        Ok(l) if (1..=MAX_EXACT).contains(&l) => l,
+        _ => return Err(bad()),
+    };
+    if *allowed == -1 && cost > limit {
+        return Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity {
+            cost,
+            max: limit,
+        }));
+    }
     let (remaining, reset) = match (u64::try_from(*remaining), u64::try_from(*reset)) {
         (Ok(m), Ok(r)) if m <= limit => (m, r),
         _ => return Err(bad()),
@@ -321,30 +333,40 @@ mod tests {
     use super::*;
 
     #[allow(clippy::unnecessary_wraps)]
-    fn arr(v: [i64; 4]) -> Result<Value, RedisError> {
+    fn arr(v: [i64; 5]) -> Result<Value, RedisError> {
         Ok(Value::Array(v.iter().map(|&i| Value::Int(i)).collect()))
     }
 
     #[test]
     fn decodes_allowed_and_denied_replies() {
-        let d = decision(arr([1, 3, -1, 3_500_000]), 10).unwrap();
+        let d = decision(arr([1, 3, -1, 3_500_000, 10]), 1).unwrap();
         assert_eq!(d, Decision::shared(true, 10, 3, None, 3_500_000));
-        let d = decision(arr([0, 0, 1_400_000, 5_000_000]), 10).unwrap();
+        let d = decision(arr([0, 0, 1_400_000, 5_000_000, 10]), 3).unwrap();
         assert_eq!(
             d,
             Decision::shared(false, 10, 0, Some(1_400_000), 5_000_000)
         );
+        // a newer stored policy governs with a smaller limit than the caller's cost
+        assert!(matches!(
+            decision(arr([-1, 0, -1, 0, 4]), 5),
+            Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity {
+                cost: 5,
+                max: 4
+            }))
+        ));
     }
 
     #[test]
     fn refuses_malformed_replies_as_script_errors() {
         for bad in [
-            [2, 0, -1, 0],
-            [1, 11, -1, 0],
-            [1, 0, 5, 0],
-            [0, 0, -1, 0],
-            [1, -1, -1, 0],
-            [1, 0, -1, -5],
+            [2, 0, -1, 0, 10],
+            [1, 11, -1, 0, 10],
+            [1, 0, 5, 0, 10],
+            [0, 0, -1, 0, 10],
+            [1, -1, -1, 0, 10],
+            [1, 0, -1, -5, 10],
+            [1, 0, -1, 0, 0],
+            [-1, 0, -1, 0, 10],
         ] {
             assert!(
                 matches!(decision(arr(bad), 10), Err(StoreError::Script(_))),

@@ -2,22 +2,27 @@
 //! clock. Thousands of random operations (random keys from a small set, random costs, clock
 //! steps of every size including idle gaps past expiry and steps backwards) go to a RedisStore
 //! on a redis-server whose clock the test freezes and moves, and to a model that applies the
-//! core maths to a map with Redis's millisecond expiry. Every decision, every stored state
-//! (decoded from Redis) and every key's remaining TTL must be identical.
+//! core maths to a map with Redis's millisecond expiry. Every decision, every stored record
+//! (byte for byte, and decoded) and every key's remaining TTL must be identical.
+//!
+//! Policy changes: with shared keys, callers of several policies of one algorithm — different
+//! parameters, generations and transition rules — take turns on live buckets, so every rule
+//! meets buckets written by older, newer and same-generation policies, growing and shrinking.
 
 mod common;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::Server;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tollgate_core::algorithm::{self, FixedWindowState, SlidingLogState, State, TokenBucketState};
+use tollgate_core::algorithm::{self, Record};
 use tollgate_core::{
-    Acquire, Algorithm, Decision, Key, MAX_DURATION, MAX_EXACT, Policy, Rate, Store,
+    Acquire, Decision, Key, MAX_DURATION, MAX_EXACT, Policy, PolicyError, Rate, Store, StoreError,
+    Transition,
 };
-use tollgate_redis::RedisStore;
+use tollgate_redis::{RedisStore, record};
 
 const T0: u64 = 1_700_000_000_123_457;
 const KEYS_PER_POLICY: usize = 3;
@@ -26,10 +31,11 @@ const KEYS_PER_POLICY: usize = 3;
 /// µs lives while `now_ms <= now / 1000 + ceil(ttl / 1000)`.
 #[derive(Default)]
 struct Model {
-    map: HashMap<String, (State, u64)>,
+    map: HashMap<String, (Record, u64)>,
 }
 
 impl Model {
+    /// A decision, or the cost above the governing limit (a policy change can shrink it).
     fn apply(
         &mut self,
         rkey: &str,
@@ -37,17 +43,22 @@ impl Model {
         now: u64,
         cost: u64,
         commit: bool,
-    ) -> Decision {
-        let mut state = self.map.get(rkey).map(|(s, _)| s.clone());
-        let out = algorithm::apply(&mut state, policy, now, cost, commit).expect("valid request");
-        if let Some(ttl) = out.ttl_micros {
-            let expires_at_ms = now / 1000 + ttl.div_ceil(1000).max(1);
+    ) -> Result<Decision, PolicyError> {
+        let entry = self.map.get(rkey).cloned();
+        let mut state = entry.as_ref().map(|(s, _)| s.clone());
+        let out = algorithm::apply(&mut state, policy, now, cost, commit)?;
+        if out.wrote() {
+            let expires_at_ms = match (out.ttl_micros, &entry) {
+                (Some(ttl), _) => now / 1000 + ttl.div_ceil(1000).max(1),
+                (None, Some((_, kept))) => *kept,
+                (None, None) => unreachable!("keep_expiry on a missing bucket"),
+            };
             self.map.insert(
                 rkey.to_owned(),
                 (state.expect("a written state"), expires_at_ms),
             );
         }
-        out.decision
+        Ok(out.decision)
     }
 
     /// Drops every state expired at `now`, returning their keys (so the test can make Redis
@@ -64,46 +75,6 @@ impl Model {
             self.map.remove(k);
         }
         gone
-    }
-}
-
-fn f64s(raw: &[u8]) -> Vec<u64> {
-    raw.chunks_exact(8)
-        .map(|c| {
-            let v = f64::from_le_bytes(c.try_into().unwrap());
-            assert!(
-                v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53),
-                "stored number {v}"
-            );
-            v as u64
-        })
-        .collect()
-}
-
-/// Decodes the state a script stored.
-fn decode(policy: &Policy, raw: &[u8]) -> State {
-    let n = f64s(raw);
-    match policy.algorithm() {
-        Algorithm::TokenBucket(_) => {
-            assert_eq!(n.len(), 2);
-            State::TokenBucket(TokenBucketState {
-                level: n[0],
-                updated: n[1],
-            })
-        }
-        Algorithm::FixedWindow(_) => {
-            assert_eq!(n.len(), 2);
-            State::FixedWindow(FixedWindowState {
-                window_start: n[0],
-                count: n[1],
-            })
-        }
-        Algorithm::SlidingLog(_) => {
-            assert_eq!(n.len() % 2, 0);
-            let entries: VecDeque<(u64, u64)> = n.chunks(2).map(|p| (p[0], p[1])).collect();
-            State::SlidingLog(SlidingLogState { entries })
-        }
-        _ => unreachable!(),
     }
 }
 
@@ -207,10 +178,11 @@ impl Differential {
             (Some(raw), Some((state, exp))) => {
                 let ctx = format!("op {} at {}: {rkey}", self.ops, self.now);
                 assert_eq!(
-                    &decode(&self.buckets[b].policy, &raw),
-                    state,
-                    "{ctx}: stored state"
+                    record::decode(&raw).as_ref(),
+                    Some(state),
+                    "{ctx}: stored record"
                 );
+                assert_eq!(raw, record::encode(state), "{ctx}: stored bytes");
                 assert_eq!(
                     pttl,
                     i64::try_from(*exp - self.now / 1000).unwrap(),
@@ -236,15 +208,15 @@ impl Differential {
         match self.rng.random_range(0..100) {
             0..70 => {
                 let cost = self.cost(policy.limit());
-                let got = self.store.acquire(&key, &policy, cost).await.unwrap();
+                let got = self.store.acquire(&key, &policy, cost).await;
                 let want = self.model.apply(&rkey, &policy, self.now, cost, true);
-                assert_eq!(got, want, "{ctx}: acquire {cost}");
+                same(got, want, &format!("{ctx}: acquire {cost}"));
             }
             70..85 => {
                 let cost = self.cost(policy.limit());
-                let got = self.store.peek(&key, &policy, cost).await.unwrap();
+                let got = self.store.peek(&key, &policy, cost).await;
                 let want = self.model.apply(&rkey, &policy, self.now, cost, false);
-                assert_eq!(got, want, "{ctx}: peek {cost}");
+                same(got, want, &format!("{ctx}: peek {cost}"));
             }
             85..88 => {
                 self.store.reset(&key, &policy).await.unwrap();
@@ -267,8 +239,8 @@ impl Differential {
                         cost,
                     })
                     .collect();
-                let got = self.store.acquire_many(&reqs).await.unwrap();
-                let want: Vec<Decision> = picks
+                let got = self.store.acquire_many(&reqs).await;
+                let want: Vec<Result<Decision, PolicyError>> = picks
                     .iter()
                     .map(|&(i, cost)| {
                         self.model.apply(
@@ -280,7 +252,17 @@ impl Differential {
                         )
                     })
                     .collect();
-                assert_eq!(got, want, "{ctx}: batch {picks:?}");
+                // A batch fails as a whole on a refused cost, though the others were applied.
+                match (got, want.iter().find_map(|w| w.clone().err())) {
+                    (Ok(got), None) => {
+                        let want: Vec<Decision> = want.into_iter().map(Result::unwrap).collect();
+                        assert_eq!(got, want, "{ctx}: batch {picks:?}");
+                    }
+                    (Err(StoreError::InvalidPolicy(e)), Some(w)) => {
+                        assert_eq!(e, w, "{ctx}: batch {picks:?}");
+                    }
+                    (got, w) => panic!("{ctx}: batch {picks:?}: got {got:?}, model {w:?}"),
+                }
                 for (i, _) in picks {
                     self.check_state(i);
                 }
@@ -294,6 +276,15 @@ impl Differential {
             self.one_op().await;
         }
         self
+    }
+}
+
+#[track_caller]
+fn same(got: Result<Decision, StoreError>, want: Result<Decision, PolicyError>, ctx: &str) {
+    match (got, want) {
+        (Ok(g), Ok(w)) => assert_eq!(g, w, "{ctx}"),
+        (Err(StoreError::InvalidPolicy(g)), Err(w)) => assert_eq!(g, w, "{ctx}"),
+        (g, w) => panic!("{ctx}: Redis {g:?}, model {w:?}"),
     }
 }
 
@@ -389,4 +380,54 @@ async fn token_bucket_policy_changes_on_live_buckets_equal_the_core_maths() {
             .unwrap(),
     ];
     differential_on("token bucket policy changes", &policies, seed() ^ 4, true).await;
+}
+
+/// Every (parameters, generation, rule) combination of `bases`: generations 0 to 3, each rule.
+fn generations(bases: &[Policy]) -> Vec<Policy> {
+    let mut out = Vec::new();
+    for (i, base) in bases.iter().enumerate() {
+        for rule in Transition::ALL {
+            // base i at generations i and i + 1, so parameters and generations both vary
+            for g in [i as u64, i as u64 + 1] {
+                out.push(base.with_generation(g).with_transition(rule));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn token_bucket_generations_and_transitions_equal_the_core_maths() {
+    let policies = generations(&[
+        Policy::token_bucket(10, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::token_bucket(4, Rate::per_second(1)).unwrap(),
+        Policy::token_bucket(25, Rate::new(3, Duration::from_millis(700)))
+            .unwrap()
+            .with_max_elapsed(Duration::from_secs(1))
+            .unwrap(),
+        Policy::token_bucket((1 << 40) + 3, Rate::new(999_983, Duration::from_micros(7))).unwrap(),
+    ]);
+    differential_on("token bucket transitions", &policies, seed() ^ 5, true).await;
+}
+
+#[tokio::test]
+async fn fixed_window_generations_and_transitions_equal_the_core_maths() {
+    let policies = generations(&[
+        Policy::fixed_window(5, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window(12, Duration::from_millis(2_500)).unwrap(),
+        Policy::fixed_window(3, Duration::from_millis(300)).unwrap(),
+        Policy::fixed_window(MAX_EXACT, Duration::from_secs(7)).unwrap(),
+    ]);
+    differential_on("fixed window transitions", &policies, seed() ^ 6, true).await;
+}
+
+#[tokio::test]
+async fn sliding_log_generations_and_transitions_equal_the_core_maths() {
+    let policies = generations(&[
+        Policy::sliding_log(5, Duration::from_secs(1)).unwrap(),
+        Policy::sliding_log(12, Duration::from_millis(2_500)).unwrap(),
+        Policy::sliding_log(3, Duration::from_millis(300)).unwrap(),
+        Policy::sliding_log(1000, Duration::from_millis(3)).unwrap(),
+    ]);
+    differential_on("sliding log transitions", &policies, seed() ^ 7, true).await;
 }

@@ -435,6 +435,16 @@ fn policy_spec_parser_refuses_out_of_range_values_with_typed_errors() {
         ("token-bucket:capacity=10,rate=1,period=-1s", &bad_value),
         ("token-bucket:capacity=10,rate=1,max-elapsed=0", &short),
         ("token-bucket:capacity=10,rate=1,generation=-1", &bad_value),
+        // a generation must say how live buckets move to it, and fit the scripts' doubles
+        ("token-bucket:capacity=10,rate=1,generation=2", &missing),
+        (
+            "token-bucket:capacity=1,rate=1,generation=18446744073709551615,transition=carry",
+            &too_large,
+        ),
+        (
+            "token-bucket:capacity=1,rate=1,generation=1,transition=sometimes",
+            &bad_value,
+        ),
         ("fixed-window:limit=0,window=1s", &zero),
         ("fixed-window:limit=1,window=0", &short),
         ("fixed-window:limit=1,window=999us", &short),
@@ -469,7 +479,7 @@ fn policy_spec_parser_refuses_out_of_range_values_with_typed_errors() {
         ("token-bucket:capacity=1,rate=0.001", 1),
         ("token-bucket:capacity=1,rate=1,period=3650days", 1),
         (
-            "token-bucket:capacity=1,rate=1,generation=18446744073709551615",
+            "token-bucket:capacity=1,rate=1,generation=4503599627370496,transition=reset",
             1,
         ),
         ("fixed-window:limit=1,window=1ms", 1),

@@ -48,6 +48,7 @@ pub fn apply(
             until_end,
         ),
         ttl_micros,
+        keep_expiry: false,
     }
 }
 

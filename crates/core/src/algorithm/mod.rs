@@ -9,18 +9,25 @@
 //! - `retry_after` and `reset_after` are absolute instants minus `now`, so they stay exact on
 //!   the caller's clock even while it reads behind the bucket;
 //! - a state is written with a TTL after which it is equivalent to a missing bucket.
+//!
+//! Policy changes ([`transition`]): a bucket is a [`Record`] of the generation and parameters
+//! that last wrote it and the algorithm's state. [`apply`] first settles which policy governs
+//! (the newest generation), moves the state to it by the caller's [`Transition`] rule when
+//! the caller is newer, and only then decides — all in one step, as the scripts do.
 
 pub mod fixed_window;
 pub mod sliding_log;
 pub mod token_bucket;
+pub mod transition;
 
 pub use fixed_window::FixedWindowState;
 pub use sliding_log::SlidingLogState;
 pub use token_bucket::TokenBucketState;
+pub use transition::muldiv;
 
-use crate::{Algorithm, Decision, Policy, PolicyError};
+use crate::{Algorithm, Decision, Policy, PolicyError, Transition};
 
-/// The stored state of one bucket.
+/// The stored state of one bucket, per algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum State {
@@ -32,35 +39,163 @@ pub enum State {
     SlidingLog(SlidingLogState),
 }
 
+/// One stored bucket: the state, and the generation and parameters that last wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Generation of the policy whose parameters govern the bucket.
+    pub generation: u64,
+    /// Those parameters, in [`Algorithm::normalized`] form.
+    pub params: Algorithm,
+    /// A newer generation whose rule is [`Transition::DeferUntilExpiry`] and that waits for
+    /// this bucket to expire. While set, writes keep the bucket's expiry.
+    pub pending: Option<u64>,
+    /// The algorithm's state.
+    pub state: State,
+}
+
 /// What one application of a cost produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// The decision.
     pub decision: Decision,
-    /// `Some(ttl)` when the state was (re)written and must expire `ttl` microseconds from now;
-    /// `None` when the stored state is unchanged (a denial, or a peek).
+    /// `Some(ttl)` when the record was (re)written and must expire `ttl` microseconds from now;
+    /// `None` when it was not written with a new expiry (see `keep_expiry`).
     pub ttl_micros: Option<u64>,
+    /// The record was rewritten but keeps the expiry it had (a bucket whose old parameters
+    /// govern until it expires: Redis `SET ... KEEPTTL`). Never true with `ttl_micros` set.
+    pub keep_expiry: bool,
 }
 
-/// Applies `cost` at `now` to `state` under `policy`, updating `state` in place when `commit`
-/// is true. With `commit` false the state is left untouched and the outcome is what a commit
-/// would have decided. A state of another algorithm (the policy changed) counts as missing.
+impl Outcome {
+    /// Whether the record was written (with a new expiry or keeping its own).
+    pub fn wrote(&self) -> bool {
+        self.ttl_micros.is_some() || self.keep_expiry
+    }
+}
+
+/// Which policy governs a call, and the state to decide on.
+struct Plan {
+    generation: u64,
+    params: Algorithm,
+    pending: Option<u64>,
+    state: Option<State>,
+    /// The record's generation, parameters, pending mark or state changed before deciding:
+    /// it must be written even if the decision itself writes nothing.
+    changed: bool,
+    keep_expiry: bool,
+}
+
+fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -> Plan {
+    let g = policy.generation();
+    let Some(r) = stored else {
+        return Plan {
+            generation: g,
+            params: caller,
+            pending: None,
+            state: None,
+            changed: true,
+            keep_expiry: false,
+        };
+    };
+    let newer = g > r.generation || (g == r.generation && r.params != caller);
+    let deferred_for_caller = r.pending.is_some_and(|p| p >= g);
+    let stored_governs = Plan {
+        generation: r.generation,
+        params: r.params,
+        pending: r.pending,
+        state: Some(r.state.clone()),
+        changed: false,
+        keep_expiry: r.pending.is_some(),
+    };
+    if !newer || deferred_for_caller {
+        return stored_governs;
+    }
+    match policy.transition() {
+        Transition::DeferUntilExpiry => Plan {
+            pending: Some(g),
+            changed: true,
+            keep_expiry: true,
+            ..stored_governs
+        },
+        rule => Plan {
+            generation: g,
+            params: caller,
+            pending: None,
+            state: Some(transition::convert(rule, &r.params, &r.state, &caller, now)),
+            changed: true,
+            keep_expiry: false,
+        },
+    }
+}
+
+/// Applies `cost` at `now` to the bucket `record` under `policy`, updating `record` in place
+/// when `commit` is true. With `commit` false the record is left untouched and the outcome is
+/// what a commit would have decided.
+///
+/// The governing policy is settled first: a missing bucket, or one of another algorithm,
+/// starts fresh under `policy`; a bucket written by an older generation (or by the same
+/// generation with other parameters) moves to `policy` by its [`Transition`] rule; a bucket
+/// written by a newer generation, or deferring to one at least as new as `policy`, is decided
+/// under its stored parameters. A cost above the governing limit is
+/// [`PolicyError::CostAboveCapacity`] and writes nothing.
 pub fn apply(
-    state: &mut Option<State>,
+    record: &mut Option<Record>,
     policy: &Policy,
     now: u64,
     cost: u64,
     commit: bool,
 ) -> Result<Outcome, PolicyError> {
     policy.check_cost(cost)?;
-    Ok(match policy.algorithm() {
+    let caller = policy.algorithm().normalized();
+    let stored = record
+        .as_ref()
+        .filter(|r| std::mem::discriminant(&r.params) == std::mem::discriminant(&caller));
+    let plan = plan(stored, policy, caller, now);
+    let max = plan.params.limit();
+    if cost > max {
+        return Err(PolicyError::CostAboveCapacity { cost, max });
+    }
+    let mut state = plan.state;
+    let out = decide_state(&mut state, &plan.params, now, cost, commit);
+    if !commit || !(out.ttl_micros.is_some() || plan.changed) {
+        return Ok(Outcome {
+            ttl_micros: None,
+            keep_expiry: false,
+            ..out
+        });
+    }
+    *record = Some(Record {
+        generation: plan.generation,
+        params: plan.params,
+        pending: plan.pending,
+        state: state.expect("a state to write"),
+    });
+    let ttl = out
+        .ttl_micros
+        .unwrap_or_else(|| (out.decision.reset_after.as_micros() as u64).max(1));
+    Ok(Outcome {
+        ttl_micros: (!plan.keep_expiry).then_some(ttl),
+        keep_expiry: plan.keep_expiry,
+        decision: out.decision,
+    })
+}
+
+/// Runs the governing algorithm on `state` (`None`: a fresh bucket).
+fn decide_state(
+    state: &mut Option<State>,
+    params: &Algorithm,
+    now: u64,
+    cost: u64,
+    commit: bool,
+) -> Outcome {
+    match params {
         Algorithm::TokenBucket(p) => {
             let mut s = match state {
                 Some(State::TokenBucket(s)) => Some(*s),
                 _ => None,
             };
             let out = token_bucket::apply(&mut s, p, now, cost, commit);
-            if commit && let Some(s) = s {
+            if let Some(s) = s {
                 *state = Some(State::TokenBucket(s));
             }
             out
@@ -71,43 +206,33 @@ pub fn apply(
                 _ => None,
             };
             let out = fixed_window::apply(&mut s, p, now, cost, commit);
-            if commit && let Some(s) = s {
+            if let Some(s) = s {
                 *state = Some(State::FixedWindow(s));
             }
             out
         }
         Algorithm::SlidingLog(p) => {
             if !matches!(state, Some(State::SlidingLog(_))) {
-                if commit {
-                    *state = Some(State::SlidingLog(SlidingLogState::default()));
-                } else {
-                    return Ok(sliding_log::apply(
-                        &mut SlidingLogState::default(),
-                        p,
-                        now,
-                        cost,
-                        false,
-                    ));
-                }
+                *state = Some(State::SlidingLog(SlidingLogState::default()));
             }
             let Some(State::SlidingLog(s)) = state else {
                 unreachable!()
             };
             sliding_log::apply(s, p, now, cost, commit)
         }
-    })
+    }
 }
 
-/// The pure form of [`apply`]: (stored state, policy, now, cost) → (outcome, new state).
+/// The pure form of [`apply`]: (stored record, policy, now, cost) → (outcome, new record).
 pub fn decide(
-    state: Option<&State>,
+    record: Option<&Record>,
     policy: &Policy,
     now: u64,
     cost: u64,
-) -> Result<(Outcome, Option<State>), PolicyError> {
-    let mut s = state.cloned();
-    let out = apply(&mut s, policy, now, cost, true)?;
-    Ok((out, s))
+) -> Result<(Outcome, Option<Record>), PolicyError> {
+    let mut r = record.cloned();
+    let out = apply(&mut r, policy, now, cost, true)?;
+    Ok((out, r))
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use super::{Outcome, State, apply};
-use crate::{Algorithm, Decision, Policy, Rate};
+use super::{Outcome, Record, State, apply};
+use crate::{Algorithm, Decision, Policy, Rate, Transition};
 
 /// Redis `TIME` in 2023, so timestamps have realistic magnitude.
 const BASE: u64 = 1_700_000_000_000_000;
@@ -28,12 +28,12 @@ type Check = Result<(), TestCaseError>;
 /// `now_ms <= expires_at_ms`, and an expired state is deleted when next touched.
 #[derive(Debug, Clone, Default)]
 struct Sim {
-    state: Option<State>,
+    state: Option<Record>,
     expires_at_ms: u64,
 }
 
 impl Sim {
-    fn alive_at(&self, now: u64) -> Option<State> {
+    fn alive_at(&self, now: u64) -> Option<Record> {
         if now / 1000 <= self.expires_at_ms {
             self.state.clone()
         } else {
@@ -55,6 +55,7 @@ impl Sim {
             prop_assert!(ttl > 0, "a written state needs a positive ttl");
             self.expires_at_ms = now / 1000 + ttl.div_ceil(1000);
         }
+        prop_assert!(!(out.keep_expiry && out.ttl_micros.is_some()));
         Ok(out)
     }
 
@@ -515,7 +516,7 @@ fn check_agrees(got: &Decision, want: &Expected, now: u64, cost: u64) -> Check {
 
 /// `remaining` is what the stored state says is left.
 fn check_remaining(sim: &Sim, policy: &Policy, d: &Decision, now: u64) -> Check {
-    let stored = match (&sim.state, policy.algorithm()) {
+    let stored = match (sim.state.as_ref().map(|r| &r.state), policy.algorithm()) {
         (Some(State::TokenBucket(s)), Algorithm::TokenBucket(tb)) => s.level / tb.unit,
         (Some(State::FixedWindow(s)), Algorithm::FixedWindow(fw)) => fw.limit - s.count,
         (Some(State::SlidingLog(s)), Algorithm::SlidingLog(sl)) => {
@@ -652,16 +653,16 @@ fn run_with_steps_back(policy: &Policy, start: u64, ops: &[Op]) -> Check {
             (seen, recorded) = (now, now);
         }
         seen = seen.max(now);
-        if let Some(state) = &sim.state {
-            check_clamped(&sim, state, policy, now, cost)?;
+        if let Some(record) = &sim.state {
+            check_clamped(&sim, &record.state, policy, now, cost)?;
         }
         if op.peek {
             sim.peek(policy, now, cost)?;
             continue;
         }
-        let before = sim.state.as_ref().and_then(stored_time);
+        let before = sim.state.as_ref().and_then(|r| stored_time(&r.state));
         let out = sim.commit(policy, now, cost)?;
-        let after = sim.state.as_ref().and_then(stored_time);
+        let after = sim.state.as_ref().and_then(|r| stored_time(&r.state));
         if let (Some(b), Some(a)) = (before, after) {
             prop_assert!(a >= b, "stored time moved back from {b} to {a} (now {now})");
         }
@@ -820,4 +821,129 @@ fn reference_sliding_log_is_sane() {
         (d.allowed, d.retry_after, d.reset_after),
         (false, Some(4), 9)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Policy changes: callers of generation 1 (old) and 2 (new, with a transition rule) on one
+// bucket, on a forward clock.
+
+fn policy_pair() -> impl Strategy<Value = (Policy, Policy)> {
+    prop_oneof![
+        (token_bucket(), token_bucket()),
+        (fixed_window(), fixed_window()),
+        (sliding_log(), sliding_log()),
+    ]
+}
+
+fn mixed_ops() -> impl Strategy<Value = Vec<(Op, bool)>> {
+    let op = (forward_step(), cost(), any::<bool>()).prop_map(|(step, cost, new)| {
+        (
+            Op {
+                step,
+                cost,
+                peek: false,
+            },
+            new,
+        )
+    });
+    prop::collection::vec(op, 1..150)
+}
+
+/// Every decision once generation 2 has written the bucket is the one a generation-2 caller
+/// would get (newest governs), a deferring bucket is decided under generation 1 and keeps its
+/// expiry, and the admissions from generation 2's takeover obey generation 2's bounds.
+fn run_mixed(old: Policy, new: Policy, rule: Transition, start: u64, ops: &[(Op, bool)]) -> Check {
+    let old = old.with_generation(1);
+    let new = new.with_generation(2).with_transition(rule);
+    let mut sim = Sim::default();
+    let mut now = BASE + start;
+    let mut admitted: Vec<(u64, u64)> = Vec::new();
+    for &(op, use_new) in ops {
+        let caller = if use_new { &new } else { &old };
+        now = next_time(now, op.step, caller);
+        let cost = cost_of(op.cost, caller.limit());
+        sim.expire(now);
+        let before = sim.state.clone();
+        let expires_before = sim.expires_at_ms;
+        let new_governs = before.as_ref().is_some_and(|r| r.generation == 2);
+        let as_new = apply(&mut before.clone(), &new, now, cost, false).ok();
+        let as_old = apply(&mut before.clone(), &old, now, cost, false).ok();
+        let result = apply(&mut sim.state, caller, now, cost, true);
+        let governing_limit = if new_governs {
+            new.limit()
+        } else {
+            before.as_ref().map_or(caller.limit(), |r| r.params.limit())
+        };
+        let out = match result {
+            Err(crate::PolicyError::CostAboveCapacity { cost: c, max }) => {
+                prop_assert!(c > governing_limit && max == governing_limit);
+                prop_assert_eq!(&sim.state, &before, "a refused cost wrote");
+                continue;
+            }
+            Err(e) => return Err(TestCaseError::fail(e.to_string())),
+            Ok(out) => out,
+        };
+        if let Some(ttl) = out.ttl_micros {
+            sim.expires_at_ms = now / 1000 + ttl.div_ceil(1000);
+        }
+        let after = sim.state.as_ref().expect("a bucket after a commit");
+        if new_governs {
+            prop_assert_eq!(
+                Some(&out.decision),
+                as_new.as_ref().map(|o| &o.decision),
+                "generation 2 governs"
+            );
+            prop_assert_eq!(after.generation, 2);
+        }
+        let met_old = before.as_ref().is_some_and(|r| r.generation == 1);
+        if met_old && rule == Transition::DeferUntilExpiry {
+            prop_assert_eq!(
+                Some(&out.decision),
+                as_old.as_ref().map(|o| &o.decision),
+                "deferred to generation 1"
+            );
+            prop_assert_eq!(after.generation, 1);
+            if use_new || before.as_ref().is_some_and(|r| r.pending.is_some()) {
+                prop_assert!(
+                    out.ttl_micros.is_none(),
+                    "a deferring write moved the expiry"
+                );
+                prop_assert_eq!(sim.expires_at_ms, expires_before);
+            }
+        } else if met_old && use_new {
+            prop_assert_eq!(after.generation, 2, "generation 2 took the bucket");
+            prop_assert!(out.wrote(), "a transition is written even on a denial");
+        }
+        if after.generation == 2 {
+            if out.decision.allowed {
+                admitted.push((now, cost));
+            }
+        } else {
+            check_bounds(&new, &admitted)?;
+            admitted.clear();
+        }
+    }
+    check_bounds(&new, &admitted)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mixed_generations_obey_the_newest_policy_under_every_rule(
+        (old, new) in policy_pair(),
+        rule in prop::sample::select(Transition::ALL.to_vec()),
+        start in 0u64..1 << 40,
+        ops in mixed_ops(),
+    ) {
+        run_mixed(old, new, rule, start, &ops)?;
+    }
+
+    #[test]
+    fn muldiv_agrees_with_exact_arithmetic(
+        a in 0u64..=1 << 52, b in 0u64..=1 << 52, c in 1u64..=1 << 52, max in any::<u64>(),
+    ) {
+        let exact = u128::from(a) * u128::from(b) / u128::from(c);
+        prop_assert_eq!(u128::from(super::muldiv(a, b, c, max)), exact.min(u128::from(max)));
+    }
 }

@@ -76,6 +76,7 @@ pub fn apply(
             reset_after,
         ),
         ttl_micros,
+        keep_expiry: false,
     }
 }
 

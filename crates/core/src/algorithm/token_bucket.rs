@@ -26,18 +26,9 @@ pub fn apply(
     commit: bool,
 ) -> Outcome {
     let cap = p.capacity_units();
-    let (stored, updated) = state.map_or((cap, now), |s| (s.level.min(cap), s.updated));
+    let (stored, updated) = state.map_or((cap, now), |s| (s.level, s.updated));
     let eff = now.max(updated);
-    let mut elapsed = eff - updated;
-    if let Some(max) = p.max_elapsed_micros {
-        elapsed = elapsed.min(max);
-    }
-    let to_full = (cap - stored).div_ceil(p.rate);
-    let level = if elapsed >= to_full {
-        cap
-    } else {
-        stored + elapsed * p.rate
-    };
+    let level = level_at(p, stored, updated, eff);
 
     let need = cost * p.unit;
     let allowed = level >= need;
@@ -67,6 +58,25 @@ pub fn apply(
             reset_after,
         ),
         ttl_micros,
+        keep_expiry: false,
+    }
+}
+
+/// The level in units at `eff >= updated` of a bucket that held `stored` units at `updated`:
+/// refilled at the policy's rate, elapsed time capped by `max_elapsed`, at most capacity (a
+/// stored level above capacity, from a larger policy, is clamped first).
+pub(crate) fn level_at(p: &TokenBucket, stored: u64, updated: u64, eff: u64) -> u64 {
+    let cap = p.capacity_units();
+    let stored = stored.min(cap);
+    let mut elapsed = eff - updated;
+    if let Some(max) = p.max_elapsed_micros {
+        elapsed = elapsed.min(max);
+    }
+    let to_full = (cap - stored).div_ceil(p.rate);
+    if elapsed >= to_full {
+        cap
+    } else {
+        stored + elapsed * p.rate
     }
 }
 

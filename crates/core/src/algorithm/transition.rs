@@ -1,0 +1,185 @@
+//! Moving a live bucket to a newer policy: the state written under old parameters, converted
+//! for new ones by a [`Transition`] rule, at the instant the newer policy first meets it. The
+//! Redis scripts implement the same conversions (a differential test holds them equal).
+//!
+//! Every conversion first brings the bucket up to `max(now, its stored time)` under the old
+//! parameters (they governed until then), then converts:
+//!
+//! | rule | token bucket (level) | fixed window (count) | sliding log (entries) |
+//! |---|---|---|---|
+//! | `Reset` | full | 0 | none |
+//! | `Carry` | same tokens in new units, at most the new capacity | same count | the entries live under the old window |
+//! | `Proportional` | `level · cap_new / cap_old` | keeps `remaining / limit` | live entries rescaled to keep `remaining / limit` |
+//!
+//! All rounding goes against the caller (never admits more than the exact fraction), and uses
+//! [`muldiv`], exact for every value a valid policy can produce. A fixed window moves to the
+//! new window containing the bucket's time. `DeferUntilExpiry` converts nothing: the stored
+//! parameters keep governing (see [`super::apply`]).
+
+use std::collections::VecDeque;
+
+use crate::{Algorithm, Transition};
+
+use super::{FixedWindowState, SlidingLogState, State, TokenBucketState, token_bucket};
+
+/// `min(floor(a · b / c), max)`, exact (computed in 128 bits). The scripts compute the same
+/// with doubles, bit by bit when `a · b` exceeds 2^52.
+///
+/// # Panics
+/// If `c` is 0.
+///
+/// ```
+/// use tollgate_core::algorithm::muldiv;
+/// assert_eq!(muldiv(7, 3, 2, 100), 10);
+/// assert_eq!(muldiv(1 << 52, 1 << 52, 3, 5), 5);
+/// assert_eq!(muldiv((1 << 52) - 1, (1 << 52) - 3, (1 << 52) - 1, u64::MAX), (1 << 52) - 3);
+/// ```
+pub fn muldiv(a: u64, b: u64, c: u64, max: u64) -> u64 {
+    let q = u128::from(a) * u128::from(b) / u128::from(c);
+    q.min(u128::from(max)) as u64
+}
+
+/// The state that `to` starts from after `rule`, given the state `from` wrote. `rule` is never
+/// `DeferUntilExpiry` here, and `from` and `to` are of the same algorithm.
+pub(crate) fn convert(
+    rule: Transition,
+    from: &Algorithm,
+    state: &State,
+    to: &Algorithm,
+    now: u64,
+) -> State {
+    match (from, state, to) {
+        (Algorithm::TokenBucket(o), State::TokenBucket(s), Algorithm::TokenBucket(n)) => {
+            let eff = now.max(s.updated);
+            let old = token_bucket::level_at(o, s.level, s.updated, eff);
+            let cap = n.capacity_units();
+            let level = match rule {
+                Transition::Carry => muldiv(old, n.unit, o.unit, cap),
+                Transition::Proportional => muldiv(old, cap, o.capacity_units(), cap),
+                _ => cap,
+            };
+            State::TokenBucket(TokenBucketState {
+                level,
+                updated: eff,
+            })
+        }
+        (Algorithm::FixedWindow(o), State::FixedWindow(s), Algorithm::FixedWindow(n)) => {
+            let live = s.window_start >= now - now % o.window_micros;
+            let (eff, used) = if live {
+                (now.max(s.window_start), s.count)
+            } else {
+                (now, 0)
+            };
+            let count = match rule {
+                Transition::Carry => used,
+                Transition::Proportional => {
+                    n.limit - muldiv(o.limit - used.min(o.limit), n.limit, o.limit, n.limit)
+                }
+                _ => 0,
+            };
+            State::FixedWindow(FixedWindowState {
+                window_start: eff - eff % n.window_micros,
+                count,
+            })
+        }
+        (Algorithm::SlidingLog(o), State::SlidingLog(s), Algorithm::SlidingLog(n)) => {
+            let eff = s.entries.back().map_or(now, |&(t, _)| now.max(t));
+            let live = s
+                .entries
+                .iter()
+                .copied()
+                .filter(|&(t, _)| t + o.window_micros > eff);
+            let entries = match rule {
+                Transition::Carry => live.collect(),
+                Transition::Proportional => rescale(live.collect(), o.limit, n.limit),
+                _ => VecDeque::new(),
+            };
+            State::SlidingLog(SlidingLogState { entries })
+        }
+        // Callers pass one algorithm; anything else starts fresh.
+        (_, _, Algorithm::TokenBucket(n)) => State::TokenBucket(TokenBucketState {
+            level: n.capacity_units(),
+            updated: now,
+        }),
+        (_, _, Algorithm::FixedWindow(n)) => State::FixedWindow(FixedWindowState {
+            window_start: now - now % n.window_micros,
+            count: 0,
+        }),
+        (_, _, Algorithm::SlidingLog(_)) => State::SlidingLog(SlidingLogState::default()),
+    }
+}
+
+/// Rescales a log's entries so that their sum keeps the fraction of the limit still available
+/// (rounded down): each cost scaled down by `used_new / used_old`, rounded down, the rounding
+/// added to the newest entry (it stays longest, so the rounding never frees allowance early),
+/// entries of cost 0 dropped.
+fn rescale(mut entries: VecDeque<(u64, u64)>, old: u64, new: u64) -> VecDeque<(u64, u64)> {
+    let used: u64 = entries.iter().map(|e| e.1).sum();
+    if used == 0 {
+        return entries;
+    }
+    let target = new - muldiv(old - used.min(old), new, old, new);
+    let mut sum = 0;
+    for e in &mut entries {
+        e.1 = muldiv(e.1, target, used, target);
+        sum += e.1;
+    }
+    if let Some(last) = entries.back_mut() {
+        last.1 += target - sum;
+    }
+    entries.retain(|e| e.1 > 0);
+    entries
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Policy;
+    use std::time::Duration;
+
+    fn alg(p: &Policy) -> Algorithm {
+        p.algorithm().normalized()
+    }
+
+    #[test]
+    fn carry_converts_tokens_between_units_and_clamps() {
+        // 10 tokens at 7 per 3 s (unit 3e6) → capacity 4 at 1/s (unit 1e6)
+        let old = Policy::token_bucket(10, crate::Rate::new(7, Duration::from_secs(3))).unwrap();
+        let new = Policy::token_bucket(4, crate::Rate::per_second(1)).unwrap();
+        let state = State::TokenBucket(TokenBucketState {
+            level: 3 * 3_000_000 + 1_500_000, // 3.5 tokens
+            updated: 100,
+        });
+        let at = |rule| match convert(rule, &alg(&old), &state, &alg(&new), 100) {
+            State::TokenBucket(s) => s.level,
+            _ => unreachable!(),
+        };
+        assert_eq!(at(Transition::Carry), 3_500_000);
+        assert_eq!(at(Transition::Proportional), 1_400_000); // 35 % of 4 tokens
+        assert_eq!(at(Transition::Reset), 4_000_000);
+    }
+
+    #[test]
+    fn proportional_log_keeps_the_available_fraction() {
+        let o = Policy::sliding_log(10, Duration::from_secs(10)).unwrap();
+        let n = Policy::sliding_log(4, Duration::from_secs(10)).unwrap();
+        let s = State::SlidingLog(SlidingLogState {
+            entries: VecDeque::from([(1, 3), (2, 2), (3, 1)]),
+        });
+        // 6 of 10 used: 40 % available → 1 of 4 available (1.6 rounded down), 3 used; each cost
+        // halved and rounded down (3,2,1 → 1,1,0), the 1 left over on the newest
+        let State::SlidingLog(p) = convert(Transition::Proportional, &alg(&o), &s, &alg(&n), 5)
+        else {
+            unreachable!()
+        };
+        assert_eq!(p.entries, VecDeque::from([(1, 1), (2, 1), (3, 1)]));
+    }
+
+    #[test]
+    fn muldiv_is_exact_at_the_extremes() {
+        let m = 1u64 << 52;
+        assert_eq!(muldiv(m, m, m, u64::MAX), m);
+        assert_eq!(muldiv(m - 1, m - 1, m, u64::MAX), m - 2);
+        assert_eq!(muldiv(0, m, 1, 7), 0);
+    }
+}
