@@ -1,0 +1,255 @@
+//! A Sentinel failover under load, against real processes (primary + replica + 3 sentinels on
+//! loopback): limiters on a Sentinel-connected RedisStore keep answering per their failure
+//! mode while the primary is dead, resume shared enforcement on the promoted replica (its
+//! empty script cache absorbed), and the test measures and prints the outage each limiter saw
+//! and how much bucket state the failover lost.
+//!
+//! Run alone to see the figures:
+//! `cargo test -p tollgate --test sentinel_failover -- --nocapture`
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate::redis::RedisStore;
+use tollgate::{
+    Acquire, BreakerConfig, Enforcement, Error, ErrorClass, FailureMode, Key, Limiter, Policy,
+    Rate, Store,
+};
+use tollgate_testkit::sentinel::SentinelCluster;
+
+const DEADLINE: Duration = Duration::from_millis(150);
+/// A call may take its deadline plus scheduling slack on a loaded 2-core machine, never more.
+const CALL_BOUND: Duration = Duration::from_millis(1_000);
+/// How long after the kill shared enforcement must be back.
+const RECOVERY_BOUND: Duration = Duration::from_secs(20);
+/// Buckets written (and replicated) well before the kill, and just before it.
+const SYNCED_BUCKETS: u64 = 40;
+const LAST_MOMENT_BUCKETS: u64 = 40;
+const CAPACITY: u64 = 100;
+
+/// What one call returned, as the test classifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Shared,
+    Bypassed,
+    Degraded,
+    Unavailable,
+}
+
+/// Every call of one limiter: when it finished, and what it saw.
+type Log = Arc<Mutex<Vec<(Instant, Seen)>>>;
+
+/// Token bucket refilled 1 per hour: over the test, remaining only changes by what was taken.
+fn policy() -> Policy {
+    Policy::token_bucket(CAPACITY, Rate::new(1, Duration::from_secs(3600))).unwrap()
+}
+
+fn limiter(store: &RedisStore, operation: &str, mode: FailureMode) -> Limiter {
+    Limiter::builder(operation, policy())
+        .store(Arc::new(store.clone()))
+        .failure_mode(mode)
+        .timeout(DEADLINE)
+        .breaker(BreakerConfig {
+            failure_threshold: 3,
+            probe_interval: Duration::from_millis(100),
+        })
+        .build()
+        .unwrap()
+}
+
+/// Runs `tasks` tasks calling `limiter` every few milliseconds until `stop`, logging each call
+/// and asserting it is one of the outcomes the failure mode allows, within its bound.
+fn load(
+    limiter: &Limiter,
+    tasks: usize,
+    stop: &Arc<AtomicBool>,
+) -> (Log, Vec<tokio::task::JoinHandle<()>>) {
+    let log: Log = Arc::default();
+    let handles = (0..tasks)
+        .map(|t| {
+            let (limiter, log, stop) = (limiter.clone(), log.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mode = limiter.failure_mode().as_str();
+                let mut i = 0_u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let out = limiter.check([format!("user-{t}-{}", i % 50)], 1).await;
+                    let took = started.elapsed();
+                    assert!(took < CALL_BOUND, "{mode}: a call took {took:?}");
+                    let seen = match (&out, mode) {
+                        (Ok(d), _) if d.enforcement == Enforcement::Shared => Seen::Shared,
+                        (Ok(d), "open") if d.enforcement == Enforcement::Bypassed && d.allowed => {
+                            Seen::Bypassed
+                        }
+                        (Ok(d), "degraded") if d.enforcement == Enforcement::Degraded => {
+                            Seen::Degraded
+                        }
+                        (Err(Error::Unavailable { source, .. }), "closed") => {
+                            assert_eq!(source.class(), ErrorClass::Unavailable, "{source}");
+                            Seen::Unavailable
+                        }
+                        _ => panic!("{mode}: unexpected outcome during the failover: {out:?}"),
+                    };
+                    log.lock().unwrap().push((Instant::now(), seen));
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        })
+        .collect();
+    (log, handles)
+}
+
+/// The outage one limiter saw: from its first non-shared answer after `kill` to its first
+/// shared answer after that. Also returns the non-shared answers counted.
+fn outage(log: &Log, kill: Instant) -> Option<(Duration, Duration, usize, Seen)> {
+    let log = log.lock().unwrap();
+    let after: Vec<&(Instant, Seen)> = log.iter().filter(|(t, _)| *t >= kill).collect();
+    let first_bad = after.iter().position(|(_, s)| *s != Seen::Shared)?;
+    let resumed = after[first_bad..]
+        .iter()
+        .position(|(_, s)| *s == Seen::Shared)?
+        + first_bad;
+    let bad = after.iter().filter(|(_, s)| *s != Seen::Shared).count();
+    Some((
+        after[resumed].0 - after[first_bad].0,
+        after[resumed].0 - kill,
+        bad,
+        after[first_bad].1,
+    ))
+}
+
+fn state_key(group: &str, i: u64) -> Key {
+    Key::new("failover-state", [format!("{group}-{i}")]).unwrap()
+}
+
+/// Writes `n` buckets of `group`, bucket `i` taking `1 + i % 7` tokens, in one pipeline.
+async fn write_buckets(store: &RedisStore, group: &str, n: u64) {
+    let p = policy();
+    let keys: Vec<Key> = (0..n).map(|i| state_key(group, i)).collect();
+    let requests: Vec<Acquire<'_>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| Acquire {
+            key,
+            policy: &p,
+            cost: 1 + i as u64 % 7,
+        })
+        .collect();
+    let decisions = store.acquire_many(&requests).await.unwrap();
+    for (i, d) in decisions.iter().enumerate() {
+        assert_eq!(d.remaining, CAPACITY - 1 - i as u64 % 7);
+    }
+}
+
+/// Buckets of `group` that lost their state (read back full), and the tokens the failover
+/// gave back across the group.
+async fn state_lost(store: &RedisStore, group: &str, n: u64) -> (u64, u64) {
+    let (mut lost, mut regranted) = (0, 0);
+    for i in 0..n {
+        // A peek reports what would remain after its cost: add it back.
+        let remaining = store
+            .peek(&state_key(group, i), &policy(), 1)
+            .await
+            .unwrap()
+            .remaining
+            + 1;
+        let expected = CAPACITY - 1 - i % 7;
+        assert!(remaining >= expected, "{group}-{i}: state went backwards");
+        regranted += remaining - expected;
+        if remaining == CAPACITY {
+            lost += 1;
+        }
+    }
+    (lost, regranted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limiters_ride_out_a_sentinel_failover_and_resume_on_the_promoted_replica() {
+    let mut topology = tokio::task::block_in_place(|| SentinelCluster::start("tollgate"));
+    let store = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+        .timeout(DEADLINE)
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("store through Sentinel");
+
+    // State that had time to replicate...
+    write_buckets(&store, "synced", SYNCED_BUCKETS).await;
+    tokio::task::block_in_place(|| topology.wait_replica_synced(Duration::from_secs(5)));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let modes = [
+        ("fo-open", FailureMode::Open),
+        ("fo-closed", FailureMode::Closed),
+        ("fo-degraded", FailureMode::degraded(2)),
+    ];
+    let mut runs = Vec::new();
+    for (operation, mode) in modes {
+        let limiter = limiter(&store, operation, mode);
+        let (log, handles) = load(&limiter, 3, &stop);
+        runs.push((limiter, log, handles));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // ...and state written in the last moment before the primary dies.
+    write_buckets(&store, "last-moment", LAST_MOMENT_BUCKETS).await;
+    let killed = topology.kill_primary();
+    let kill = Instant::now();
+    let sentinel_failover =
+        tokio::task::block_in_place(|| topology.wait_for_failover(RECOVERY_BOUND));
+
+    // Let every limiter see the store again.
+    let deadline = kill + RECOVERY_BOUND;
+    for (limiter, log, _) in &runs {
+        loop {
+            let resumed = outage(log, kill).is_some();
+            if resumed {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no shared enforcement within {RECOVERY_BOUND:?} of the kill",
+                limiter.operation()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for (_, _, handles) in &mut runs {
+        for h in handles.drain(..) {
+            h.await.unwrap();
+        }
+    }
+
+    eprintln!(
+        "sentinel: killed data server {killed}; sentinels reported the promoted replica \
+         {sentinel_failover:?} after the kill"
+    );
+    for (limiter, log, _) in &runs {
+        let (outage, since_kill, answers, first) = outage(log, kill).expect("checked above");
+        let total = log.lock().unwrap().len();
+        eprintln!(
+            "sentinel: {:>11} ({:>8}): outage {outage:?} (first {first:?} answer -> first shared \
+             answer), shared again {since_kill:?} after the kill; {answers} of {total} answers \
+             not shared",
+            limiter.operation(),
+            limiter.failure_mode().as_str(),
+        );
+        assert!(since_kill < RECOVERY_BOUND);
+    }
+    let (lost_a, regranted_a) = state_lost(&store, "synced", SYNCED_BUCKETS).await;
+    let (lost_b, regranted_b) = state_lost(&store, "last-moment", LAST_MOMENT_BUCKETS).await;
+    eprintln!(
+        "sentinel: state lost in the failover: replicated buckets {lost_a}/{SYNCED_BUCKETS} \
+         ({regranted_a} tokens re-granted); written just before the kill {lost_b}/{LAST_MOMENT_BUCKETS} \
+         ({regranted_b} tokens re-granted)"
+    );
+    assert_eq!(
+        (lost_a, regranted_a),
+        (0, 0),
+        "state the replica had acknowledged survives"
+    );
+}
