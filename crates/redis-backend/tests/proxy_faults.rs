@@ -1,0 +1,197 @@
+//! RedisStore behind testkit's fault proxy, in front of a real redis-server: latency beyond the
+//! deadline is a timeout (class unavailable) and no call outlives its deadline; cut
+//! connections fail fast and the store reconnects; a blackhole fires every deadline; refused
+//! connections fail fast. Each for the multiplexed connection and the pool. Loopback only.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{ErrorClass, Key, Policy, Rate, Store, StoreError};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::proxy::FaultProxy;
+use tollgate_testkit::server::RedisServer;
+
+const DEADLINE: Duration = Duration::from_millis(100);
+/// Scheduling slack on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_millis(400);
+const RECOVERY: Duration = Duration::from_secs(5);
+
+fn policy() -> Policy {
+    Policy::token_bucket(1_000_000, Rate::per_second(1000)).unwrap()
+}
+
+fn key(i: usize) -> Key {
+    Key::new("proxy", [format!("k{i}")]).unwrap()
+}
+
+const KINDS: [&str; 2] = ["multiplexed", "pool"];
+
+/// A store of connection kind `kind` through the proxy, built fresh so one kind's faults do
+/// not carry over to the next.
+async fn store(proxy: &FaultProxy, kind: &str) -> RedisStore {
+    let builder = RedisStore::builder(proxy.url())
+        .timeout(DEADLINE)
+        .connect_timeout(Duration::from_millis(500));
+    let builder = if kind == "pool" {
+        builder.pool(4)
+    } else {
+        builder
+    };
+    builder.build().await.unwrap()
+}
+
+/// One acquire, asserted to return within the deadline plus slack.
+async fn bounded(store: &RedisStore, i: usize) -> (Result<(), StoreError>, Duration) {
+    let started = Instant::now();
+    let out = store.acquire(&key(i), &policy(), 1).await.map(drop);
+    let took = started.elapsed();
+    assert!(took < DEADLINE + SLACK, "a call took {took:?}");
+    (out, took)
+}
+
+/// Polls until a call succeeds; returns how long that took.
+async fn recovers(name: &str, store: &RedisStore) -> Duration {
+    let started = Instant::now();
+    while bounded(store, 0).await.0.is_err() {
+        assert!(
+            started.elapsed() < RECOVERY,
+            "{name}: no recovery within {RECOVERY:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_beyond_the_deadline_is_a_timeout_and_no_call_outlives_it() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    for name in KINDS {
+        let store = store(&proxy, name).await;
+        bounded(&store, 0).await.0.unwrap();
+        // Each direction +80 ms: a round trip of 160 ms, beyond the 100 ms deadline.
+        proxy.set_latency(Duration::from_millis(80));
+        let calls = (0..16).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { bounded(&store, i).await })
+        });
+        let mut slowest = Duration::ZERO;
+        for call in calls.collect::<Vec<_>>() {
+            let (out, took) = call.await.unwrap();
+            match out {
+                Err(StoreError::Timeout(d)) => assert_eq!(d, DEADLINE),
+                other => panic!("{name}: expected a timeout, got {other:?}"),
+            }
+            assert!(took >= DEADLINE, "{name}: the deadline fired, not an error");
+            slowest = slowest.max(took);
+        }
+        assert_eq!(
+            StoreError::Timeout(DEADLINE).class(),
+            ErrorClass::Unavailable
+        );
+        // Latency under the deadline: calls succeed again, slower.
+        proxy.set_latency(Duration::from_millis(20));
+        let (out, took) = bounded(&store, 1).await;
+        out.unwrap_or_else(|e| panic!("{name}: 40 ms round trip under a 100 ms deadline: {e}"));
+        proxy.set_latency(Duration::ZERO);
+        eprintln!(
+            "proxy latency ({name}): 16 calls at +160 ms RTT all timed out, slowest returned after \
+             {slowest:?} (deadline {DEADLINE:?}); at +40 ms RTT a call took {took:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_connections_mid_load_fail_fast_and_the_store_reconnects() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    for name in KINDS {
+        let store = store(&proxy, name).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let (store, stop, ok, failed) =
+                    (store.clone(), stop.clone(), ok.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let mut i = t;
+                    while !stop.load(Ordering::Relaxed) {
+                        match bounded(&store, i % 20).await.0 {
+                            Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => {
+                                assert_eq!(e.class(), ErrorClass::Unavailable, "{e}");
+                                failed.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
+                        i += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+            })
+            .collect();
+        let mut recoveries = Vec::new();
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            tokio::task::block_in_place(|| proxy.cut_all());
+            recoveries.push(recovers(name, &store).await);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        eprintln!(
+            "proxy cuts ({name}): 3 cuts under load from 8 tasks: {} calls ok, {} failed as \
+             unavailable; recovered after {recoveries:?}",
+            ok.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed)
+        );
+        assert!(ok.load(Ordering::Relaxed) > 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackhole_fires_every_deadline_and_traffic_resumes() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    for name in KINDS {
+        let store = store(&proxy, name).await;
+        bounded(&store, 0).await.0.unwrap();
+        proxy.blackhole(true);
+        for i in 0..5 {
+            let (out, took) = bounded(&store, i).await;
+            assert!(
+                matches!(out, Err(StoreError::Timeout(_))),
+                "{name}: {out:?}"
+            );
+            assert!(took >= DEADLINE);
+        }
+        proxy.blackhole(false);
+        let took = recovers(name, &store).await;
+        eprintln!(
+            "proxy blackhole ({name}): 5 calls timed out at the deadline; back after {took:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_fail_fast_as_unavailable() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    for name in KINDS {
+        let store = store(&proxy, name).await;
+        bounded(&store, 0).await.0.unwrap();
+        tokio::task::block_in_place(|| {
+            proxy.set_refuse(true);
+            proxy.cut_all();
+        });
+        for i in 0..5 {
+            let (out, _) = bounded(&store, i).await;
+            let err = out.expect_err("the server is unreachable");
+            assert_eq!(err.class(), ErrorClass::Unavailable, "{name}: {err}");
+        }
+        tokio::task::block_in_place(|| proxy.set_refuse(false));
+        let took = recovers(name, &store).await;
+        eprintln!("proxy refuse ({name}): calls failed as unavailable; back after {took:?}");
+    }
+}
