@@ -9,6 +9,8 @@
 //!   is single-key and Cluster-safe.
 //! - **Calls**: `EVALSHA` by precomputed SHA1; `NOSCRIPT` is absorbed by resending once with
 //!   the source. Every call has a deadline. Errors are classified by [`classify`].
+//! - **Registry** ([`RedisRegistry`]): named policies with generations, published atomically
+//!   and announced on pub/sub, so a fleet can follow one policy.
 //! - **Connections**: one multiplexed connection that reconnects by itself, or a bb8 pool.
 //!
 //! ```no_run
@@ -28,6 +30,7 @@ mod builder;
 mod connection;
 mod error;
 pub mod record;
+mod registry;
 pub mod scripts;
 mod store;
 
@@ -35,4 +38,5 @@ pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, RedisStoreBuilder,
 };
 pub use error::classify;
+pub use registry::{Published, RedisRegistry, RegistryError, Subscription};
 pub use store::RedisStore;

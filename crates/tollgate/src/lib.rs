@@ -27,13 +27,14 @@ mod deny_cache;
 pub mod guide;
 mod limiter;
 mod meters;
+pub mod registry;
 
 pub use breaker::{BreakerConfig, BreakerState};
 
 pub use limiter::{Error, FailureMode, Limiter, LimiterBuilder};
 pub use tollgate_core::{
     Acquire, Algorithm, Clock, Decision, Enforcement, ErrorClass, Key, KeyError, ManualClock,
-    Policy, PolicyError, Rate, SpecError, Store, StoreError, SystemClock,
+    Policy, PolicyError, Rate, SpecError, Store, StoreError, SystemClock, Transition,
 };
 pub use tollgate_local::LocalStore;
 /// The Redis store (re-export of `tollgate-redis`).

@@ -1,7 +1,10 @@
 //! The `Limiter`: one protected operation's policy, store, deadline and failure mode.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
 
 use tollgate_core::{
     Acquire, Algorithm, Decision, Enforcement, ErrorClass, Key, KeyError, Policy, PolicyError,
@@ -157,23 +160,13 @@ impl LimiterBuilder {
             operation: self.operation.clone(),
             missing: "an explicit failure mode (Open, Closed or Degraded)",
         })?;
-        let degraded_policy = match &failure_mode {
-            FailureMode::Degraded {
-                expected_instances, ..
-            } => Some(scale_down(
-                &self.policy,
-                u64::from((*expected_instances).max(1)),
-            )),
-            _ => None,
-        };
         let meters = Meters::new(&self.operation);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 operation: self.operation.into(),
-                policy: self.policy,
+                policy: ArcSwap::from_pointee(Active::new(self.policy, &failure_mode)),
                 store,
                 failure_mode,
-                degraded_policy,
                 timeout: self.timeout,
                 breaker: Breaker::new(self.breaker),
                 deny_cache: self.deny_cache.map(DenyCache::new),
@@ -191,21 +184,57 @@ pub struct Limiter {
 
 struct Inner {
     operation: Arc<str>,
-    policy: Policy,
+    /// Swapped as a whole when the limiter follows a newly published policy.
+    policy: ArcSwap<Active>,
     store: Arc<dyn Store>,
     failure_mode: FailureMode,
-    degraded_policy: Option<Policy>,
     timeout: Duration,
     breaker: Breaker,
     deny_cache: Option<DenyCache>,
     meters: Meters,
 }
 
+/// The policy in force and its scaled-down local form (under [`FailureMode::Degraded`]).
+struct Active {
+    policy: &'static Policy,
+    degraded: Option<Policy>,
+}
+
+impl Active {
+    fn new(policy: Policy, failure_mode: &FailureMode) -> Self {
+        let degraded = match failure_mode {
+            FailureMode::Degraded {
+                expected_instances, ..
+            } => Some(scale_down(&policy, u64::from((*expected_instances).max(1)))),
+            _ => None,
+        };
+        Self {
+            policy: intern(policy),
+            degraded,
+        }
+    }
+}
+
+/// The one `'static` copy of each distinct policy a limiter has used, so [`Limiter::policy`]
+/// can lend it while another thread switches policies. Bounded by the distinct policies
+/// published in the process's life (a handful; each under 100 bytes).
+fn intern(policy: Policy) -> &'static Policy {
+    static INTERNED: Mutex<Option<HashSet<&'static Policy>>> = Mutex::new(None);
+    let mut set = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
+    let set = set.get_or_insert_with(HashSet::new);
+    if let Some(p) = set.get(&policy) {
+        return p;
+    }
+    let p: &'static Policy = Box::leak(Box::new(policy));
+    set.insert(p);
+    p
+}
+
 impl std::fmt::Debug for Limiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limiter")
             .field("operation", &self.inner.operation)
-            .field("policy", &self.inner.policy)
+            .field("policy", self.policy())
             .field("failure_mode", &self.inner.failure_mode.as_str())
             .field("timeout", &self.inner.timeout)
             .finish_non_exhaustive()
@@ -232,9 +261,18 @@ impl Limiter {
         &self.inner.operation
     }
 
-    /// The policy.
-    pub fn policy(&self) -> &Policy {
-        &self.inner.policy
+    /// The policy in force now (it changes when the limiter follows a registry; see
+    /// [`Limiter::set_policy`]).
+    pub fn policy(&self) -> &'static Policy {
+        self.inner.policy.load().policy
+    }
+
+    /// Switches to `policy` for every later decision (calls in flight finish under the one
+    /// they started with). Buckets move to it by its [`Transition`](tollgate_core::Transition)
+    /// rule the first time it meets them; see `docs/policy-changes.md`.
+    pub fn set_policy(&self, policy: Policy) {
+        let active = Active::new(policy, &self.inner.failure_mode);
+        self.inner.policy.store(Arc::new(active));
     }
 
     /// The failure mode.
@@ -266,10 +304,11 @@ impl Limiter {
     /// store is unavailable or busy (or the circuit breaker is open), the failure mode decides.
     pub async fn check_key(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
         let inner = &*self.inner;
-        inner.policy.check_cost(cost)?;
+        let policy = self.policy();
+        policy.check_cost(cost)?;
         let started = Instant::now();
         if let Some(cache) = &inner.deny_cache
-            && let Some(decision) = cache.lookup(key, &inner.policy, cost, started)
+            && let Some(decision) = cache.lookup(key, policy, cost, started)
         {
             let outcome = Ok(decision);
             inner.meters.record(&outcome, started);
@@ -288,7 +327,7 @@ impl Limiter {
                     source: error,
                 })
         } else {
-            let call = inner.store.acquire(key, &inner.policy, cost);
+            let call = inner.store.acquire(key, policy, cost);
             let result = match tokio::time::timeout(inner.timeout, call).await {
                 Ok(r) => r,
                 Err(_) => Err(StoreError::Timeout(inner.timeout)),
@@ -299,7 +338,7 @@ impl Limiter {
                     if !decision.allowed
                         && let Some(cache) = &inner.deny_cache
                     {
-                        cache.insert(key, &inner.policy, cost, &decision, started);
+                        cache.insert(key, policy, cost, &decision, started);
                     }
                     Ok(decision)
                 }
@@ -316,7 +355,8 @@ impl Limiter {
     /// [`FailureMode::Closed`] an unavailable store fails the whole batch.
     pub async fn check_many(&self, keys: &[Key], cost: u64) -> Result<Vec<Decision>, Error> {
         let inner = &*self.inner;
-        inner.policy.check_cost(cost)?;
+        let policy = self.policy();
+        policy.check_cost(cost)?;
         let started = Instant::now();
         let (permit, transition) = inner.breaker.permit();
         self.report(transition);
@@ -328,11 +368,7 @@ impl Limiter {
         } else {
             let requests: Vec<Acquire<'_>> = keys
                 .iter()
-                .map(|key| Acquire {
-                    key,
-                    policy: &inner.policy,
-                    cost,
-                })
+                .map(|key| Acquire { key, policy, cost })
                 .collect();
             let call = inner.store.acquire_many(&requests);
             match tokio::time::timeout(inner.timeout, call).await {
@@ -389,7 +425,7 @@ impl Limiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&key);
         }
-        let call = inner.store.reset(&key, &inner.policy);
+        let call = inner.store.reset(&key, self.policy());
         match tokio::time::timeout(inner.timeout, call).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) if e.class() == ErrorClass::Invalid => Err(Error::Invalid(e)),
@@ -470,15 +506,16 @@ impl Limiter {
         match &inner.failure_mode {
             FailureMode::Open => Ok(Decision {
                 allowed: true,
-                limit: inner.policy.limit(),
-                remaining: inner.policy.limit(),
+                limit: self.policy().limit(),
+                remaining: self.policy().limit(),
                 retry_after: None,
                 reset_after: Duration::ZERO,
                 enforcement: Enforcement::Bypassed,
             }),
             FailureMode::Closed => Err(()),
             FailureMode::Degraded { local, .. } => {
-                let policy = inner.degraded_policy.as_ref().unwrap_or(&inner.policy);
+                let active = inner.policy.load();
+                let policy = active.degraded.as_ref().unwrap_or(active.policy);
                 match local.acquire_now(key, policy, cost.min(policy.limit())) {
                     Ok(d) => Ok(d.with_enforcement(Enforcement::Degraded)),
                     Err(local_error) => {

@@ -1,0 +1,269 @@
+//! [`RedisRegistry`]: named policies in Redis, so that every instance of a service can follow
+//! one published policy. A publication is one atomic script that refuses to go back a
+//! generation and announces the change on a pub/sub channel in the same step.
+//!
+//! Layout: one hash `<prefix>registry`, field = policy name, value = `"<generation> <spec>"`
+//! (the spec is [`Policy::to_spec`], which parses back to an equal policy). Notifications go
+//! to the channel `<prefix>registry` with the name as the message. Followers (see the
+//! `tollgate` crate's `registry` module) re-read the entry on a notification and also poll it,
+//! so a lost notification (a dropped subscription) delays a switch by at most one poll.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use redis::aio::MultiplexedConnection;
+use redis::{Script, Value};
+use tollgate_core::{Key, Policy, SpecError, StoreError};
+
+use crate::error::classify;
+
+/// Why a registry call failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The name is not 1-64 characters of `[a-z0-9_.-]`.
+    BadName(String),
+    /// A higher generation is already published under this name.
+    Stale {
+        /// The name.
+        name: String,
+        /// The generation stored.
+        stored: u64,
+        /// The generation offered.
+        offered: u64,
+    },
+    /// This generation is already published under this name with another policy: a
+    /// generation names one policy, so a change needs a new generation.
+    Conflict {
+        /// The name.
+        name: String,
+        /// The generation.
+        generation: u64,
+    },
+    /// A stored entry does not parse (written by something else, or a newer version).
+    Corrupt {
+        /// The name.
+        name: String,
+        /// Why.
+        error: SpecError,
+    },
+    /// Redis could not be reached or refused the call.
+    Store(StoreError),
+}
+
+impl fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadName(n) => write!(
+                f,
+                "policy name {n:?} must be 1-64 characters of [a-z0-9_.-]"
+            ),
+            Self::Stale {
+                name,
+                stored,
+                offered,
+            } => write!(
+                f,
+                "policy {name:?} is already at generation {stored}; generation {offered} would go back"
+            ),
+            Self::Conflict { name, generation } => write!(
+                f,
+                "policy {name:?} generation {generation} is already published with other parameters; publish a new generation"
+            ),
+            Self::Corrupt { name, error } => {
+                write!(
+                    f,
+                    "the registry entry of policy {name:?} does not parse: {error}"
+                )
+            }
+            Self::Store(e) => write!(f, "policy registry: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RegistryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Corrupt { error, .. } => Some(error),
+            Self::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<StoreError> for RegistryError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// What [`RedisRegistry::publish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Stored, and followers notified.
+    Stored,
+    /// The same policy was already stored under this generation; nothing changed.
+    Unchanged,
+}
+
+/// Named policies in Redis. Cloning is cheap; clones share the connection.
+#[derive(Clone)]
+pub struct RedisRegistry {
+    client: redis::Client,
+    conn: MultiplexedConnection,
+    key: String,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RedisRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRegistry")
+            .field("key", &self.key)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_name(name: &str) -> Result<(), RegistryError> {
+    Key::new(name, std::iter::empty::<&[u8]>())
+        .map(drop)
+        .map_err(|_| RegistryError::BadName(name.to_owned()))
+}
+
+fn parse_entry(name: &str, value: &str) -> Result<Policy, RegistryError> {
+    let spec = value.split_once(' ').map_or(value, |(_, spec)| spec);
+    spec.parse().map_err(|error| RegistryError::Corrupt {
+        name: name.to_owned(),
+        error,
+    })
+}
+
+impl RedisRegistry {
+    /// Connects to the registry at `url` under the key prefix `prefix` (the store's prefix,
+    /// e.g. [`crate::DEFAULT_PREFIX`]); every call has the deadline `timeout`.
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<Self, RegistryError> {
+        let client = redis::Client::open(url).map_err(|e| classify(&e))?;
+        let conn = tokio::time::timeout(timeout, client.get_multiplexed_async_connection())
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))?
+            .map_err(|e| classify(&e))?;
+        Ok(Self {
+            client,
+            conn,
+            key: format!("{prefix}registry"),
+            timeout,
+        })
+    }
+
+    /// The deadline of every call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The hash holding the entries, which is also the notification channel.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    async fn deadline<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, RegistryError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r.map_err(|e| RegistryError::Store(classify(&e))),
+            Err(_) => Err(RegistryError::Store(StoreError::Timeout(self.timeout))),
+        }
+    }
+
+    /// Publishes `policy` under `name`, atomically: refused if a higher generation is stored
+    /// ([`RegistryError::Stale`]) or the same generation holds another policy
+    /// ([`RegistryError::Conflict`]); otherwise stored and announced to followers.
+    pub async fn publish(&self, name: &str, policy: &Policy) -> Result<Published, RegistryError> {
+        check_name(name)?;
+        policy.check_cost(1).map_err(StoreError::InvalidPolicy)?;
+        let script = Script::new(include_str!("../scripts/registry_publish.lua"));
+        let mut inv = script.key(&self.key);
+        inv.arg(name)
+            .arg(policy.generation())
+            .arg(policy.to_spec())
+            .arg(&self.key);
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = self.deadline(inv.invoke_async(&mut conn)).await?;
+        let stored = |i: usize| reply.get(i).map_or(0, |&g| g.unsigned_abs());
+        match reply.first() {
+            Some(1) if reply.get(2) == Some(&0) => Ok(Published::Unchanged),
+            Some(1) => Ok(Published::Stored),
+            Some(0) => Err(RegistryError::Stale {
+                name: name.to_owned(),
+                stored: stored(1),
+                offered: policy.generation(),
+            }),
+            _ => Err(RegistryError::Conflict {
+                name: name.to_owned(),
+                generation: stored(1),
+            }),
+        }
+    }
+
+    /// The policy published under `name`, if any.
+    pub async fn get(&self, name: &str) -> Result<Option<Policy>, RegistryError> {
+        check_name(name)?;
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&self.key).arg(name);
+        let value: Option<String> = self.deadline(cmd.query_async(&mut conn)).await?;
+        value.map(|v| parse_entry(name, &v)).transpose()
+    }
+
+    /// Every published policy, by name.
+    pub async fn list(&self) -> Result<Vec<(String, Policy)>, RegistryError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(&self.key);
+        let entries: Vec<(String, String)> = self.deadline(cmd.query_async(&mut conn)).await?;
+        let mut out = entries
+            .into_iter()
+            .map(|(name, v)| parse_entry(&name, &v).map(|p| (name, p)))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy
+    /// published from now on, until its connection drops.
+    pub async fn subscribe(&self) -> Result<Subscription, RegistryError> {
+        let mut pubsub = self.deadline(self.client.get_async_pubsub()).await?;
+        self.deadline(pubsub.subscribe(&self.key)).await?;
+        Ok(Subscription {
+            stream: Box::pin(pubsub.into_on_message().filter_map(|msg| async move {
+                match msg.get_payload::<Value>() {
+                    Ok(Value::BulkString(name)) => String::from_utf8(name).ok(),
+                    _ => None,
+                }
+            })),
+        })
+    }
+}
+
+/// Names of policies published since [`RedisRegistry::subscribe`].
+pub struct Subscription {
+    stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = String> + Send>>,
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The next published name; `None` once the subscription's connection is gone.
+    pub async fn next(&mut self) -> Option<String> {
+        self.stream.next().await
+    }
+}

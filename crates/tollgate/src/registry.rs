@@ -1,0 +1,177 @@
+//! Limiters that follow a policy published in a [`RedisRegistry`], so every instance of a
+//! service converges on the newest publication. A [`PolicyFollower`] subscribes to the
+//! registry's notifications and also polls, and switches its limiters when a newer generation
+//! appears.
+//!
+//! # Convergence bound
+//!
+//! A follower switches within one round trip of a notification (the publication and the
+//! notification are one atomic script). If the notification is lost — the subscription's
+//! connection dropped, or the follower started mid-publication — the next poll finds it: a
+//! follower switches at most `poll_interval + timeout` after a publication (the registry's
+//! call deadline), however the notification fares, as long as Redis answers the poll.
+//!
+//! During that window instances run different generations on the same buckets. That is safe:
+//! a bucket written by a newer generation decides older callers under the newer parameters
+//! (see `docs/policy-changes.md`), so the fleet enforces one policy per bucket from the first
+//! write of the new generation.
+//!
+//! ```no_run
+//! # async fn demo(limiter: tollgate::Limiter) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tollgate::redis::RedisRegistry;
+//! use tollgate::registry::PolicyFollower;
+//!
+//! let registry = RedisRegistry::connect("redis://127.0.0.1", "tollgate:", Duration::from_millis(250)).await?;
+//! let follower = PolicyFollower::start(registry, "login", &[limiter.clone()], Duration::from_secs(5)).await?;
+//! // ... `tollgate policy publish --name login --policy '...,generation=2,transition=carry'`
+//! // switches `limiter` within a round trip (at most 5.25 s if the notification is lost).
+//! # drop(follower); Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tollgate_core::Policy;
+use tollgate_redis::{RedisRegistry, RegistryError, Subscription};
+
+use crate::Limiter;
+
+/// Default interval between two polls of the registry (the backstop for lost notifications).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Keeps limiters on the newest policy published under one name. Stops when dropped.
+#[derive(Debug)]
+pub struct PolicyFollower {
+    task: JoinHandle<()>,
+    current: watch::Receiver<Policy>,
+    bound: Duration,
+}
+
+/// Whether `published` should replace `current`: a higher generation, or the same generation
+/// with other contents (the registry is the source of truth for the name).
+fn newer(published: &Policy, current: &Policy) -> bool {
+    published.generation() > current.generation()
+        || (published.generation() == current.generation() && published != current)
+}
+
+struct Follow {
+    registry: RedisRegistry,
+    name: String,
+    limiters: Vec<Limiter>,
+    tx: watch::Sender<Policy>,
+}
+
+impl Follow {
+    async fn refresh(&self) {
+        match self.registry.get(&self.name).await {
+            Ok(Some(p)) if newer(&p, &self.tx.borrow()) => {
+                for l in &self.limiters {
+                    l.set_policy(p);
+                }
+                tracing::info!(name = %self.name, policy = %p, "following a newly published policy");
+                self.tx.send_replace(p);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(name = %self.name, %error, "policy registry poll failed; keeping the current policy");
+            }
+        }
+    }
+
+    async fn run(self, mut sub: Option<Subscription>, poll_interval: Duration) {
+        let mut tick = tokio::time::interval(poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            if let Some(s) = &mut sub {
+                tokio::select! {
+                    name = s.next() => match name {
+                        Some(name) if name != self.name => continue,
+                        Some(_) => {}
+                        None => {
+                            tracing::warn!(name = %self.name, "policy registry subscription lost; polling until it is back");
+                            sub = None;
+                        }
+                    },
+                    _ = tick.tick() => {}
+                }
+            } else {
+                tick.tick().await;
+                sub = self.registry.subscribe().await.ok();
+            }
+            self.refresh().await;
+        }
+    }
+}
+
+impl PolicyFollower {
+    /// Starts following `name` in `registry` for `limiters`: subscribes, reads the entry once
+    /// (switching at once if it is newer than the first limiter's policy), then switches on
+    /// every notification and poll that finds a newer generation. An unreachable registry at
+    /// start is an error; later failures keep the current policy and are logged.
+    pub async fn start(
+        registry: RedisRegistry,
+        name: impl Into<String>,
+        limiters: &[Limiter],
+        poll_interval: Duration,
+    ) -> Result<Self, RegistryError> {
+        let name = name.into();
+        let sub = registry.subscribe().await?;
+        let published = registry.get(&name).await?;
+        let initial = limiters
+            .first()
+            .map(|l| *l.policy())
+            .or(published)
+            .ok_or_else(|| {
+                RegistryError::BadName(format!("{name} (nothing published, no limiter)"))
+            })?;
+        let (tx, current) = watch::channel(initial);
+        let bound = poll_interval + registry.timeout();
+        let follow = Follow {
+            registry,
+            name,
+            limiters: limiters.to_vec(),
+            tx,
+        };
+        if let Some(p) = published
+            && newer(&p, &initial)
+        {
+            for l in &follow.limiters {
+                l.set_policy(p);
+            }
+            follow.tx.send_replace(p);
+        }
+        Ok(Self {
+            task: tokio::spawn(follow.run(Some(sub), poll_interval.max(Duration::from_millis(1)))),
+            current,
+            bound,
+        })
+    }
+
+    /// The policy the limiters follow now.
+    pub fn current(&self) -> Policy {
+        *self.current.borrow()
+    }
+
+    /// Waits until the followed policy changes, and returns the new one.
+    pub async fn changed(&mut self) -> Policy {
+        if self.current.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        *self.current.borrow_and_update()
+    }
+
+    /// The longest a publication takes to reach the limiters when its notification is lost:
+    /// the poll interval plus the registry's call deadline.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+}
+
+impl Drop for PolicyFollower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,153 @@
+//! The policy registry against a real redis-server: atomic publication that never goes back a
+//! generation, and several limiter instances (each with its own store, registry connection and
+//! follower) converging on a new publication — by notification, and by polling when the
+//! notification is lost.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate::redis::{Published, RedisRegistry, RedisStore, RegistryError};
+use tollgate::registry::PolicyFollower;
+use tollgate::{FailureMode, Limiter, Policy, Transition};
+use tollgate_testkit::server::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn spec(text: &str) -> Policy {
+    text.parse().unwrap()
+}
+
+async fn registry(server: &RedisServer) -> RedisRegistry {
+    RedisRegistry::connect(&server.url(), "tollgate:", TIMEOUT)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn publish_is_atomic_and_never_goes_back_a_generation() {
+    let server = RedisServer::start();
+    let reg = registry(&server).await;
+    let g1 = spec("fixed-window:limit=10,window=1m,generation=1,transition=reset");
+    let g2 = spec("fixed-window:limit=5,window=1m,generation=2,transition=carry");
+    assert_eq!(reg.get("login").await.unwrap(), None);
+    assert_eq!(reg.publish("login", &g1).await.unwrap(), Published::Stored);
+    assert_eq!(
+        reg.publish("login", &g1).await.unwrap(),
+        Published::Unchanged
+    );
+    assert_eq!(reg.publish("login", &g2).await.unwrap(), Published::Stored);
+    assert!(matches!(
+        reg.publish("login", &g1).await,
+        Err(RegistryError::Stale {
+            stored: 2,
+            offered: 1,
+            ..
+        })
+    ));
+    let other = spec("fixed-window:limit=6,window=1m,generation=2,transition=carry");
+    assert!(matches!(
+        reg.publish("login", &other).await,
+        Err(RegistryError::Conflict { generation: 2, .. })
+    ));
+    assert!(matches!(
+        reg.publish("Bad{name}", &g1).await,
+        Err(RegistryError::BadName(_))
+    ));
+    let search = spec("token-bucket:capacity=3,rate=1,generation=7,transition=proportional");
+    reg.publish("search", &search).await.unwrap();
+    assert_eq!(reg.get("login").await.unwrap(), Some(g2));
+    assert_eq!(
+        reg.list().await.unwrap(),
+        vec![("login".to_owned(), g2), ("search".to_owned(), search)]
+    );
+}
+
+async fn instance(server: &RedisServer, policy: Policy) -> Limiter {
+    let store = RedisStore::builder(server.url())
+        .timeout(TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    Limiter::builder("api", policy)
+        .store(Arc::new(store))
+        .failure_mode(FailureMode::Closed)
+        .build()
+        .unwrap()
+}
+
+/// Waits until every follower reports generation `g`; returns the time it took.
+async fn converge(followers: &mut [PolicyFollower], g: u64, within: Duration) -> Duration {
+    let started = Instant::now();
+    for f in followers.iter_mut() {
+        while f.current().generation() < g {
+            tokio::time::timeout(within, f.changed())
+                .await
+                .unwrap_or_else(|_| panic!("no switch to generation {g} within {within:?}"));
+        }
+    }
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn several_instances_converge_on_a_publication_by_notification_and_by_polling() {
+    let server = RedisServer::start();
+    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
+    registry(&server).await.publish("api", &g1).await.unwrap();
+
+    // Three instances by notification (a poll too slow to matter), one by polling alone.
+    let mut limiters = Vec::new();
+    let mut followers = Vec::new();
+    for poll in [600, 600, 600, 0] {
+        let poll = if poll == 0 {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(poll)
+        };
+        let l = instance(&server, g1).await;
+        let f = PolicyFollower::start(
+            registry(&server).await,
+            "api",
+            std::slice::from_ref(&l),
+            poll,
+        )
+        .await
+        .unwrap();
+        limiters.push(l);
+        followers.push(f);
+    }
+    assert_eq!(followers[0].bound(), Duration::from_secs(600) + TIMEOUT);
+    let key = limiters[0].key(["tenant"]).unwrap();
+    assert_eq!(limiters[0].check_key(&key, 4).await.unwrap().remaining, 6);
+
+    // Generation 2 by notification.
+    let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
+    registry(&server).await.publish("api", &g2).await.unwrap();
+    let took = converge(&mut followers[..3], 2, Duration::from_secs(5)).await;
+    eprintln!("3 instances switched to generation 2 by notification in {took:?}");
+    // The polling instance gets there within its bound.
+    let bound = followers[3].bound();
+    assert_eq!(bound, Duration::from_millis(200) + TIMEOUT);
+    let polled = converge(&mut followers[3..], 2, bound).await;
+    eprintln!("the polling instance switched in {polled:?} (bound {bound:?})");
+    for l in &limiters {
+        assert_eq!(*l.policy(), g2);
+    }
+    // Carry: the 4 used under generation 1 count against the new limit of 5.
+    let d = limiters[1].check_key(&key, 1).await.unwrap();
+    assert_eq!((d.allowed, d.limit, d.remaining), (true, 5, 0));
+
+    // Lose every subscription: generation 3 still arrives, by polling.
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"])
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    assert_eq!(killed, 4, "one subscription per follower");
+    let g3 = spec("fixed-window:limit=8,window=1h,generation=3,transition=proportional");
+    registry(&server).await.publish("api", &g3).await.unwrap();
+    let polled = converge(&mut followers[3..], 3, bound).await;
+    eprintln!("after the subscriptions were killed, the polling instance switched in {polled:?}");
+    assert_eq!(
+        followers[3].current().transition(),
+        Transition::Proportional
+    );
+}
