@@ -3,6 +3,7 @@
 
 mod compare;
 mod load;
+mod policy;
 mod serve;
 
 use std::sync::Arc;
@@ -28,6 +29,8 @@ enum Command {
     Load(load::LoadArgs),
     /// Serve a demo HTTP service whose routes are rate-limited by a policy file.
     Serve(serve::ServeArgs),
+    /// Publish and show policies in the Redis policy registry.
+    Policy(policy::PolicyArgs),
 }
 
 /// Where buckets live.
@@ -146,6 +149,7 @@ fn main() -> Result<()> {
             Command::Check(args) => check(args).await,
             Command::Load(args) => load::run(args).await,
             Command::Serve(args) => serve::run(args).await,
+            Command::Policy(args) => policy::run(args).await,
         }
     })
 }

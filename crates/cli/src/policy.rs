@@ -1,0 +1,110 @@
+//! `tollgate policy publish|show`: the policy registry in Redis. Limiters that follow a name
+//! (`tollgate::registry::PolicyFollower`) switch to each newer publication.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use tollgate::Policy;
+use tollgate::redis::{Published, RedisRegistry};
+
+/// The registry commands.
+#[derive(Args, Debug)]
+pub(crate) struct PolicyArgs {
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// Publish a policy under a name (atomic; refused if a higher generation is published, or
+    /// if this generation already holds another policy).
+    Publish(PublishArgs),
+    /// Show one published policy, or all of them, as JSON.
+    Show(ShowArgs),
+}
+
+/// Where the registry lives.
+#[derive(Args, Debug)]
+struct RegistryArgs {
+    /// The Redis server holding the registry.
+    #[arg(long, value_name = "URL")]
+    redis: String,
+    /// Key prefix in Redis (the stores' prefix).
+    #[arg(long, default_value = "tollgate:")]
+    prefix: String,
+    /// Deadline of each call.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
+impl RegistryArgs {
+    async fn connect(&self) -> Result<RedisRegistry> {
+        RedisRegistry::connect(&self.redis, &self.prefix, self.timeout)
+            .await
+            .with_context(|| format!("connecting to the registry at {}", self.redis))
+    }
+}
+
+#[derive(Args, Debug)]
+struct PublishArgs {
+    /// The policy's name (what limiters follow): 1-64 characters of [a-z0-9_.-].
+    #[arg(long)]
+    name: String,
+    /// The policy with its generation and transition rule, e.g.
+    /// `token-bucket:capacity=20,rate=5,generation=2,transition=carry` (a generation above 0
+    /// must name its rule: reset, carry, proportional or defer-until-expiry).
+    #[arg(long)]
+    policy: Policy,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(Args, Debug)]
+struct ShowArgs {
+    /// Show only this name.
+    #[arg(long)]
+    name: Option<String>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+fn entry(name: &str, p: &Policy) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "generation": p.generation(),
+        "transition": p.transition().as_str(),
+        "algorithm": p.algorithm().name(),
+        "limit": p.limit(),
+        "spec": p.to_spec(),
+    })
+}
+
+pub(crate) async fn run(args: PolicyArgs) -> Result<()> {
+    match args.command {
+        PolicyCommand::Publish(a) => {
+            let registry = a.registry.connect().await?;
+            let outcome = registry
+                .publish(&a.name, &a.policy)
+                .await
+                .with_context(|| format!("publishing {}", a.name))?;
+            let mut out = entry(&a.name, &a.policy);
+            out["published"] = (outcome == Published::Stored).into();
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        PolicyCommand::Show(a) => {
+            let registry = a.registry.connect().await?;
+            let entries = match &a.name {
+                Some(name) => registry
+                    .get(name)
+                    .await?
+                    .map(|p| vec![(name.clone(), p)])
+                    .with_context(|| format!("no policy is published under {name:?}"))?,
+                None => registry.list().await?,
+            };
+            let out: Vec<_> = entries.iter().map(|(n, p)| entry(n, p)).collect();
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! `tollgate policy publish|show` as a user runs it: the built binary against a real
+//! redis-server.
+
+use std::process::{Command, Output};
+
+use tollgate_testkit::server::RedisServer;
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .expect("the tollgate binary runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+#[test]
+fn publish_and_show_through_the_binary() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let publish = |name: &str, policy: &str| {
+        tollgate(&[
+            "policy", "publish", "--redis", &url, "--name", name, "--policy", policy,
+        ])
+    };
+    let out = json(&publish(
+        "login",
+        "token-bucket:capacity=10,rate=2,generation=1,transition=reset",
+    ));
+    assert_eq!(out["published"], true);
+    assert_eq!(out["generation"], 1);
+    let out = json(&publish(
+        "login",
+        "token-bucket:capacity=20,rate=2,generation=2,transition=proportional",
+    ));
+    assert_eq!(out["transition"], "proportional");
+    json(&publish("search", "sliding-log:limit=5,window=10s"));
+
+    // Going back a generation is refused, and so is a generation without a rule.
+    let stale = publish(
+        "login",
+        "token-bucket:capacity=99,rate=2,generation=1,transition=carry",
+    );
+    assert!(!stale.status.success());
+    assert!(String::from_utf8_lossy(&stale.stderr).contains("already at generation 2"));
+    let implicit = publish("login", "token-bucket:capacity=99,rate=2,generation=3");
+    assert!(!implicit.status.success());
+    assert!(String::from_utf8_lossy(&implicit.stderr).contains("transition"));
+
+    let one = json(&tollgate(&[
+        "policy", "show", "--redis", &url, "--name", "login",
+    ]));
+    assert_eq!(one[0]["limit"], 20);
+    assert_eq!(
+        one[0]["spec"],
+        "token-bucket:capacity=20,rate=2,period=1000000us,generation=2,transition=proportional"
+    );
+    let all = json(&tollgate(&["policy", "show", "--redis", &url]));
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["login", "search"]);
+    let missing = tollgate(&["policy", "show", "--redis", &url, "--name", "nope"]);
+    assert!(!missing.status.success());
+}
