@@ -19,7 +19,9 @@
 //! implement, and expiry follows Redis to the millisecond, so a `LocalStore` and a Redis server
 //! on the same clock decide alike (a differential test holds them to it). Both pass the
 //! conformance suite in `tollgate-testkit`. Buckets are keyed by [`Key`] alone: a policy
-//! passed to [`Store::reset`](tollgate_core::Store::reset) does not select among buckets.
+//! passed to [`Store::reset`](tollgate_core::Store::reset) does not select among buckets. Each
+//! bucket is a [`Record`](tollgate_core::algorithm::Record) of the generation and parameters that
+//! last wrote it, as in Redis, so policy changes (docs/policy-changes.md) behave alike.
 //!
 //! Time comes from a [`Clock`](tollgate_core::Clock): [`MonotonicClock`](tollgate_core::MonotonicClock)
 //! (wall time advanced by a fast monotonic counter) by default, a
