@@ -23,7 +23,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tollgate_core::{Acquire, Decision, Key, Policy, PolicyError, Rate, Store, StoreError};
+use tollgate_core::{
+    Acquire, Decision, Key, Policy, PolicyError, Rate, Store, StoreError, Transition,
+};
 
 /// A store under test and a way to move its clock.
 #[async_trait]
@@ -83,6 +85,7 @@ macro_rules! conformance_tests {
             acquire_many_returns_one_decision_per_request_in_order,
             acquire_many_with_an_invalid_request_writes_nothing,
             concurrent_acquires_never_admit_more_than_capacity,
+            newer_generation_carries_and_then_governs_older_callers,
         }
     };
     (@names () $($case:ident,)*) => {
@@ -1051,6 +1054,50 @@ pub async fn concurrent_acquires_never_admit_more_than_capacity<H: Harness>(h: &
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Policy changes (docs/policy-changes.md)
+
+/// Generation 2 (limit 3, `Carry`) meets a bucket on which generation 1 (limit 5) took 2: the
+/// used allowance carries over, and from then on generation-1 callers are decided under
+/// generation 2's parameters (newest governs), with its limit in the decision.
+pub async fn newer_generation_carries_and_then_governs_older_callers<H: Harness>(h: &H) {
+    h.set_time(T0 + 40_000 * SEC).await;
+    let shrunk = [
+        tb(3, Rate::new(5, Duration::from_secs(5))),
+        fw(3, 10),
+        sl(3, 10),
+    ];
+    for ((name, p), new) in all_algorithms().into_iter().zip(shrunk) {
+        let k = key("generations", name);
+        let old = p.with_generation(1);
+        let new = new.with_generation(2).with_transition(Transition::Carry);
+        let d = acquire(h, &k, &old, 2).await;
+        assert!(
+            d.allowed && d.remaining == 3,
+            "{name}: generation 1 takes 2 of 5: {d:?}"
+        );
+        let d = acquire(h, &k, &new, 1).await;
+        // token bucket: 3 tokens carried (at most 3), 1 taken; windows: 2 used + 1 = 3 of 3
+        let left = if name == "tb" { 2 } else { 0 };
+        assert!(
+            d.allowed && d.limit == 3 && d.remaining == left,
+            "{name}: generation 2 carries: {d:?}"
+        );
+        let d = acquire(h, &k, &old, 1).await;
+        let want = (name == "tb", 3, left.saturating_sub(1));
+        assert_eq!(
+            (d.allowed, d.limit, d.remaining),
+            want,
+            "{name}: a generation-1 caller is decided under generation 2"
+        );
+        assert_invalid(
+            &format!("{name}: a generation-1 cost above generation 2's limit"),
+            h.store().acquire(&k, &old, 4).await,
+            &PolicyError::CostAboveCapacity { cost: 4, max: 3 },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1059,6 +1106,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 26);
+        assert_eq!(names.len(), 27);
     }
 }
