@@ -170,9 +170,10 @@ mod tests {
             }),
         };
         let bytes = encode(&r);
-        assert_eq!(bytes.len(), 20);
+        // tag, generation, pending, capacity, unit (3), rate, max, level (4), updated (8)
+        assert_eq!(bytes.len(), 21);
         assert_eq!(decode(&bytes), Some(r));
-        assert_eq!(decode(&bytes[..19]), None);
+        assert_eq!(decode(&bytes[..20]), None);
         assert_eq!(decode(&[0xff; 16]), None);
         assert_eq!(decode(b"x"), None);
     }
