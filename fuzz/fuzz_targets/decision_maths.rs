@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tollgate_core::algorithm::{self, State};
+use tollgate_core::algorithm::{self, Record, State};
 use tollgate_core::{Algorithm, Policy, PolicyError, Rate};
 
 const BASE: u64 = 1_700_000_000_000_000;
@@ -111,12 +111,16 @@ fuzz_target!(|input: Input| {
     };
     let limit = policy.limit();
     let mut now = BASE + u64::from(input.start);
-    let mut state: Option<State> = None;
+    let mut state: Option<Record> = None;
     let mut ledger = Ledger::default();
     for op in input.ops.iter().take(512) {
         let delta = i128::from(op.step) * 10_i128.pow(u32::from(op.scale % 7));
         now = (i128::from(now) + delta).clamp(0, i128::from(MAX_NOW)) as u64;
-        let cost = if op.raw_cost { op.cost } else { 1 + op.cost % limit };
+        let cost = if op.raw_cost {
+            op.cost
+        } else {
+            1 + op.cost % limit
+        };
         let before = state.clone();
         let out = match algorithm::apply(&mut state, &policy, now, cost, op.commit) {
             Err(e) => {
@@ -135,7 +139,9 @@ fuzz_target!(|input: Input| {
             assert_eq!(state, before, "a peek changed the state");
             assert_eq!(out.ttl_micros, None);
         } else if d.allowed {
+            // One policy throughout: no transition ever keeps an old expiry.
             assert!(out.ttl_micros.is_some_and(|t| t > 0), "{out:?}");
+            assert!(!out.keep_expiry);
         }
         // Enough: the same request `retry_after` later is admitted (a cap on credited time
         // makes the retry point at the next call that moves the bucket instead).
@@ -146,28 +152,41 @@ fuzz_target!(|input: Input| {
             let at = now + u64::try_from(retry.as_micros()).unwrap();
             let mut probe = state.clone();
             let later = algorithm::apply(&mut probe, &policy, at, cost, false).unwrap();
-            assert!(later.decision.allowed, "retry {retry:?} from {now} not enough: {later:?}");
+            assert!(
+                later.decision.allowed,
+                "retry {retry:?} from {now} not enough: {later:?}"
+            );
         }
         if !(op.commit && d.allowed) {
-            if op.commit && let Algorithm::TokenBucket(_) = policy.algorithm() {
+            if op.commit
+                && let Algorithm::TokenBucket(_) = policy.algorithm()
+            {
                 ledger.first.get_or_insert(now);
                 ledger.latest = ledger.latest.max(now);
             }
             continue;
         }
-        match (policy.algorithm(), &state) {
+        match (policy.algorithm(), state.as_ref().map(|r| &r.state)) {
             (Algorithm::TokenBucket(tb), _) => {
                 let first = *ledger.first.get_or_insert(now);
                 ledger.latest = ledger.latest.max(now);
                 ledger.units += u128::from(cost) * u128::from(tb.unit);
                 let bound = u128::from(tb.capacity_units())
                     + u128::from(tb.rate) * u128::from(ledger.latest - first);
-                assert!(ledger.units <= bound, "token bucket admitted {} units > {bound}", ledger.units);
+                assert!(
+                    ledger.units <= bound,
+                    "token bucket admitted {} units > {bound}",
+                    ledger.units
+                );
             }
             (Algorithm::FixedWindow(_), Some(State::FixedWindow(s))) => {
                 let admitted = ledger.windows.entry(s.window_start).or_default();
                 *admitted += cost;
-                assert!(*admitted <= limit, "window {} admitted {admitted}", s.window_start);
+                assert!(
+                    *admitted <= limit,
+                    "window {} admitted {admitted}",
+                    s.window_start
+                );
             }
             (Algorithm::SlidingLog(sl), Some(State::SlidingLog(s))) => {
                 let t = s.entries.back().expect("an admission is logged").0;
@@ -178,7 +197,10 @@ fuzz_target!(|input: Input| {
                     .filter(|&&(at, _)| at + sl.window_micros > t)
                     .map(|&(_, c)| c)
                     .sum();
-                assert!(in_window <= limit, "sliding log admitted {in_window} in the window ending {t}");
+                assert!(
+                    in_window <= limit,
+                    "sliding log admitted {in_window} in the window ending {t}"
+                );
             }
             (alg, s) => panic!("state {s:?} after an admission under {alg:?}"),
         }

@@ -30,9 +30,9 @@ static SEEN: Mutex<Option<HashMap<String, (String, Vec<Vec<u8>>)>>> = Mutex::new
 fn namespace_ok(ns: &str) -> bool {
     !ns.is_empty()
         && ns.len() <= 64
-        && ns
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'))
+        && ns.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+        })
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -99,7 +99,11 @@ fn check(ns: &str, parts: &[Vec<u8>]) -> Option<Key> {
                     assert_eq!(digest.len(), 32, "{segment:?}");
                     assert!(digest.bytes().all(|b| hex(b).is_some()), "{segment:?}");
                 } else {
-                    assert_eq!(decode(segment).as_deref(), Some(part.as_slice()), "{segment:?}");
+                    assert_eq!(
+                        decode(segment).as_deref(),
+                        Some(part.as_slice()),
+                        "{segment:?}"
+                    );
                 }
             }
             Some(key)
