@@ -5,7 +5,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tollgate_core::algorithm::{self, State};
+use tollgate_core::algorithm::{self, Record};
 use tollgate_core::{Policy, Rate};
 
 /// Redis `TIME` in 2023, so timestamps have realistic magnitude.
@@ -17,7 +17,7 @@ fn bench_policy(c: &mut Criterion, name: &str, policy: &Policy, step: u64) {
     let mut group = c.benchmark_group("core");
     group.throughput(Throughput::Elements(1));
     group.bench_function(name, |b| {
-        let mut state: Option<State> = None;
+        let mut state: Option<Record> = None;
         let mut now = START;
         for _ in 0..10_000 {
             now += step;
