@@ -218,10 +218,14 @@ impl RedisStoreBuilder {
             Target::Url(url) => {
                 let client =
                     redis::Client::open(url.as_str()).map_err(|e| invalid("Redis URL", e))?;
+                // No response timeout from redis-rs (its default is 500 ms, which would cut
+                // short calls the store gives longer): the store's own deadline bounds every
+                // call, and `build` is bounded by the connect timeout.
                 match self.kind {
                     Kind::Multiplexed => {
                         let config = ConnectionManagerConfig::new()
                             .set_connection_timeout(Some(self.connect_timeout))
+                            .set_response_timeout(None)
                             .set_number_of_retries(2)
                             .set_max_delay(Duration::from_millis(500));
                         ConnectionManager::new_with_config(client, config)
@@ -230,14 +234,13 @@ impl RedisStoreBuilder {
                             .map_err(|e| classify(&e))
                     }
                     Kind::Pool(size) => {
-                        let manager = bb8_redis::RedisConnectionManager::new(url.as_str())
-                            .map_err(|e| classify(&e))?;
+                        let manager = PoolManager::new(client, self.connect_timeout);
                         let pool = bb8::Pool::builder()
                             .max_size(size)
                             .test_on_check_out(false)
                             .queue_strategy(bb8::QueueStrategy::Fifo)
                             .connection_timeout(self.connect_timeout)
-                            .build_unchecked(PoolManager(manager));
+                            .build_unchecked(manager);
                         Ok(Conn::Pool(pool))
                     }
                 }

@@ -104,12 +104,34 @@ fn mark_if_broken<T>(broken: &AtomicBool, result: &RedisResult<T>) {
     }
 }
 
-/// `bb8_redis::RedisConnectionManager` plus a broken flag. The pool does not test a connection
-/// on checkout (that would cost a PING round trip per decision); instead a connection that
-/// failed with an error that needs a reconnect is flagged, and bb8 drops it when it next
-/// comes back.
+/// Makes the pool's multiplexed connections, each with a broken flag. The pool does not test a
+/// connection on checkout (that would cost a PING round trip per decision); instead a
+/// connection that failed with an error that needs a reconnect is flagged, and bb8 drops it
+/// when it next comes back.
+///
+/// Not `bb8_redis::RedisConnectionManager`: that one connects with redis-rs's defaults, whose
+/// 500 ms response timeout would cut short any call the store gives longer. These connections
+/// have no response timeout of their own; the store's deadline bounds every call.
 #[derive(Debug, Clone)]
-pub(crate) struct PoolManager(pub(crate) bb8_redis::RedisConnectionManager);
+pub(crate) struct PoolManager {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    connect_timeout: Duration,
+}
+
+impl PoolManager {
+    /// Connections to `client`'s server, each connect (and validity check) bounded by
+    /// `connect_timeout`.
+    pub(crate) fn new(client: redis::Client, connect_timeout: Duration) -> Self {
+        Self {
+            client,
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(None),
+            connect_timeout,
+        }
+    }
+}
 
 /// A pooled connection and whether it must be replaced.
 pub(crate) struct PooledConn {
@@ -123,13 +145,25 @@ impl bb8::ManageConnection for PoolManager {
 
     async fn connect(&self) -> Result<PooledConn, RedisError> {
         Ok(PooledConn {
-            conn: self.0.connect().await?,
+            conn: self
+                .client
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await?,
             broken: Arc::new(AtomicBool::new(false)),
         })
     }
 
+    /// A `PING` answered `PONG` within the connect timeout (the connection has no response
+    /// timeout of its own). Not used by the store's pool, which does not test on checkout.
     async fn is_valid(&self, conn: &mut PooledConn) -> Result<(), RedisError> {
-        self.0.is_valid(&mut conn.conn).await
+        let ping = redis::cmd("PING");
+        let pong = ping.query_async::<String>(&mut conn.conn);
+        match tokio::time::timeout(self.connect_timeout, pong).await {
+            Ok(Ok(pong)) if pong == "PONG" => Ok(()),
+            Ok(Ok(_)) => Err((ErrorKind::Extension, "ping request").into()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(timed_out("checking a pooled connection")),
+        }
     }
 
     fn has_broken(&self, conn: &mut PooledConn) -> bool {

@@ -13,15 +13,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Acquire, Key, Policy, Rate, Store};
+use tollgate_core::{Acquire, Key, Policy, Rate, Store, StoreError};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::server::RedisServer;
 
 /// Redis `TIME` in 2023, on a whole minute.
 const T0: u64 = 1_699_999_980_000_000;
-/// Requests per pipeline, on the real clock and under the (slower) clock shim. Kept so that one
-/// round trip stays well under redis-rs's own 500 ms response timeout, even on a loaded machine
-/// (see `store_timeout_above_half_a_second_is_honoured`).
+/// Requests per pipeline, on the real clock and under the (slower) clock shim. Kept small so that
+/// one round trip stays short even on a loaded machine (it once had to stay under redis-rs's
+/// 500 ms response timeout; see `store_timeout_above_half_a_second_is_honoured`).
 const BATCH: usize = 250;
 const SHIM_BATCH: usize = 50;
 const IN_FLIGHT: usize = 2;
@@ -222,41 +222,60 @@ async fn many_distinct_keys_leave_nothing_behind_once_expired() {
 }
 
 /// `RedisStoreBuilder::timeout` is documented as "the deadline of each store call". Both
-/// connection kinds keep redis-rs's own default response timeout of 500 ms (the multiplexed
-/// `ConnectionManager`, and the pool's connections made by `bb8_redis` with the default
-/// `AsyncConnectionConfig`), so any round trip longer than 500 ms fails as
+/// connection kinds used to keep redis-rs's own default response timeout of 500 ms (the
+/// multiplexed `ConnectionManager`, and the pool's connections made by `bb8_redis` with the
+/// default `AsyncConnectionConfig`), so any round trip longer than 500 ms failed as
 /// `Unavailable(I/O error: timed out)` even under `timeout(5 s)` — and, being "unavailable", it
-/// switches a limiter to its failure mode. Seen with large `acquire_many` batches on a slow
-/// server. Fix in `builder.rs`/`connection.rs`: set the response timeout to `None` (the store's
-/// own deadline bounds every call) on the `ConnectionManagerConfig`, and connect pooled
-/// connections with `get_multiplexed_async_connection_with_config` and the same setting.
+/// switched a limiter to its failure mode. Now neither has a response timeout of its own: an
+/// 800 ms round trip succeeds under a 5 s store timeout, and a 300 ms store timeout still
+/// fails the same round trip as `StoreError::Timeout`, on both kinds.
 #[tokio::test]
-#[ignore = "BUG: both connection kinds cut every round trip at redis-rs's 500 ms response timeout, whatever the store timeout"]
 async fn store_timeout_above_half_a_second_is_honoured() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
     let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
-    let key = Key::global("slow");
-    store.acquire(&key, &policy, 1).await.unwrap();
-    // Another client holds the server for 800 ms.
-    let client = server.client();
-    let stall = std::thread::spawn(move || {
-        let mut conn = client.get_connection().unwrap();
-        redis::cmd("EVAL")
-            .arg(STALL_800_MS)
-            .arg(0)
-            .exec(&mut conn)
-            .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let got = store.acquire(&key, &policy, 1).await;
-    stall.join().unwrap();
-    let d = got.expect("an 800 ms round trip is within the 5 s store timeout");
-    assert_eq!(d.remaining, 8);
+    for (kind, pool) in [("multiplexed", None), ("pool", Some(2))] {
+        let build = |timeout| {
+            let builder = RedisStore::builder(server.url()).timeout(timeout);
+            match pool {
+                Some(size) => builder.pool(size),
+                None => builder.multiplexed(),
+            }
+            .build()
+        };
+        let patient = build(Duration::from_secs(5)).await.unwrap();
+        let hasty = build(Duration::from_millis(300)).await.unwrap();
+        let slow = Key::new("slow", [kind]).unwrap();
+        let quick = Key::new("quick", [kind]).unwrap();
+        // Every connection the stores will use is up before the server stalls.
+        for _ in 0..2 {
+            patient.acquire(&slow, &policy, 1).await.unwrap();
+            hasty.acquire(&quick, &policy, 1).await.unwrap();
+        }
+        // Another client holds the server for 800 ms.
+        let client = server.client();
+        let stall = std::thread::spawn(move || {
+            let mut conn = client.get_connection().unwrap();
+            redis::cmd("EVAL")
+                .arg(STALL_800_MS)
+                .arg(0)
+                .exec(&mut conn)
+                .unwrap();
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (got, cut) = tokio::join!(
+            patient.acquire(&slow, &policy, 1),
+            hasty.acquire(&quick, &policy, 1),
+        );
+        stall.join().unwrap();
+        let d = got.unwrap_or_else(|e| {
+            panic!("{kind}: an 800 ms round trip is within the 5 s store timeout: {e}")
+        });
+        assert_eq!(d.remaining, 7, "{kind}");
+        assert!(
+            matches!(cut, Err(StoreError::Timeout(t)) if t == Duration::from_millis(300)),
+            "{kind}: the store's own deadline still bounds the call: {cut:?}"
+        );
+    }
 }
 
 /// Busy-waits 800 ms of Redis time inside the server.
