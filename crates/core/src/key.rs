@@ -68,7 +68,7 @@ pub enum KeyError {
 /// let many = Key::new("path", ["seg"; 1000]).unwrap();
 /// assert_eq!(many.as_str().len(), "path:~~".len() + 32);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Eq, PartialOrd, Ord)]
 pub struct Key(Arc<str>);
 
 impl Key {
@@ -134,6 +134,21 @@ impl Key {
     /// The encoded key.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// Equal encoded strings; a clone of the same `Key` is equal without reading the string (map
+/// lookups with the caller's own `Key` values skip the comparison).
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+/// Hashes the encoded string, as the derived implementation did (consistent with `Eq`).
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
     }
 }
 
