@@ -4,64 +4,66 @@
 -- KEYS[1] bucket key
 -- ARGV    limit, window_us, generation, transition (0 reset, 1 carry, 2 proportional,
 --         3 defer), cost, commit (1 acquire, 0 peek)
--- record  tag 2; generation, pending, limit, window_us, window_start_us, count
+-- record  2, generation, pending, limit, window_us, window_start_us, count
 -- returns {allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
 --          retry_after_us (-1 when allowed), reset_after_us, governing limit}
-if #KEYS ~= 1 then return bad('expected 1 key') end
-if #ARGV ~= 6 then
-  return bad('expected 6 arguments: limit window_us generation transition cost commit')
+local ok, limit, window, gen, rule, cost, commit
+if #K == 1 and #A == 6 then ok, limit, window, gen, rule, cost, commit = pcall(numbers, 6) end
+if not (ok and limit >= 1 and limit <= MAX and limit % 1 == 0 and window >= 1
+    and window <= MAX and window % 1 == 0 and gen >= 0 and gen <= MAX and gen % 1 == 0
+    and rule >= 0 and rule <= 3 and rule % 1 == 0 and cost >= 1 and cost <= MAX
+    and cost % 1 == 0 and (commit == 0 or commit == 1)) then
+  return slow().refuse({ 'limit', 1, MAX, 'window_us', 1, MAX, 'generation', 0, MAX,
+    'transition', 0, 3, 'cost', 1, MAX, 'commit', 0, 1 })
 end
-local limit = int(ARGV[1], 1, MAX)
-if not limit then return bad('limit must be an integer in [1, 2^52]') end
-local window = int(ARGV[2], 1, MAX)
-if not window then return bad('window_us must be an integer in [1, 2^52]') end
-local gen = int(ARGV[3], 0, MAX)
-if not gen then return bad('generation must be an integer in [0, 2^52]') end
-local rule = int(ARGV[4], 0, 3)
-if not rule then return bad('transition must be 0, 1, 2 or 3') end
-local cost = int(ARGV[5], 1, MAX)
-if not cost then return bad('cost must be an integer in [1, 2^52]') end
-local commit = int(ARGV[6], 0, 1)
-if not commit then return bad('commit must be 0 or 1') end
 if cost > limit then return bad('cost exceeds limit') end
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = t[1] * 1000000 + t[2]
 
-local rec
-local raw = redis.call('GET', KEYS[1])
-if raw and string.byte(raw, 1) == 2 then
-  local v, pos = getv(raw, 2, 6)
-  if v and pos == #raw + 1 and v[1] <= MAX and v[2] <= MAX + 1 and v[3] >= 1 and v[3] <= MAX
-      and v[4] >= 1 and v[4] <= MAX and v[5] <= MAX * 2 and v[6] <= MAX then
-    rec = { gen = v[1], pe = v[2], params = { v[3], v[4] }, start = v[5], count = v[6] }
+-- the governing parameters, generation and pending deferral; the stored window and count
+local glimit, gwindow, g, pe, changed, keep = limit, window, gen, 0, true, false
+local st, cnt
+local raw = redis.call('GET', K[1])
+-- the record's fields, or nothing when it is malformed (a missing bucket): a non-number
+-- fails its comparison inside the pcall
+local function record()
+  local tag, rg, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
+  if tag == 2 and rcount and extra == nil and rg >= 0 and rg <= MAX and rpe >= 0
+      and rpe <= MAX + 1 and rlimit >= 1 and rlimit <= MAX and rwindow >= 1
+      and rwindow <= MAX and rstart >= 0 and rstart <= MAX * 2 and rcount >= 0
+      and rcount <= MAX then
+    return rg, rpe, rlimit, rwindow, rstart, rcount
   end
 end
-
-local P = { limit, window }
-local mode = plan(rec, gen, P, rule)
-local g, pe, st, cnt, changed, keep = gen, 0, nil, nil, true, false
-if mode == 'stored' or mode == 'defer' then
-  P, g, st, cnt = rec.params, rec.gen, rec.start, rec.count
-  if mode == 'stored' then
-    pe, changed, keep = rec.pe, false, rec.pe > 0
+local rg, rpe, rlimit, rwindow, rstart, rcount
+if raw then ok, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(record) end
+if ok and rcount then
+  local newer = gen > rg or (gen == rg and not (rlimit == limit and rwindow == window))
+  if newer and rpe <= gen and rule ~= 3 then
+    -- convert: what the current window has used under the old parameters; then the rule
+    local eff, used = now, 0
+    if rstart >= now - now % rwindow then
+      eff, used = rstart > now and rstart or now, rcount
+    end
+    st = eff - eff % window
+    if rule == 1 then
+      cnt = used
+    elseif rule == 2 then
+      cnt = limit - slow().muldiv(rlimit - (used < rlimit and used or rlimit), limit, rlimit, limit)
+    else
+      cnt = 0
+    end
   else
-    pe, keep = gen + 1, true
-  end
-elseif mode == 'convert' then
-  local o = rec.params
-  local eff, used = now, 0
-  if rec.start >= now - now % o[2] then eff, used = math.max(now, rec.start), rec.count end
-  st = eff - eff % window
-  if rule == 1 then
-    cnt = used
-  elseif rule == 2 then
-    cnt = limit - muldiv(o[1] - math.min(used, o[1]), limit, o[1], limit)
-  else
-    cnt = 0
+    -- the stored parameters govern; a newer caller with rule 3 starts a deferral
+    glimit, gwindow, g, st, cnt = rlimit, rwindow, rg, rstart, rcount
+    if newer and rpe <= gen then
+      pe, keep = gen + 1, true
+    else
+      pe, changed, keep = rpe, false, rpe > 0
+    end
   end
 end
-local glimit, gwindow = P[1], P[2]
 if cost > glimit then return { -1, 0, -1, 0, glimit } end
 
 -- a stored window later than the current one (clock stepped back) stays in force
@@ -71,7 +73,12 @@ local until_end = start + gwindow - now
 local allowed, retry = 0, until_end
 if count + cost <= glimit then allowed, retry, count = 1, -1, count + cost end
 if commit == 1 and (allowed == 1 or changed) then
-  write(KEYS[1], string.char(2) .. putv(g) .. putv(pe) .. putv(glimit) .. putv(gwindow)
-    .. putv(start) .. putv(count), keep, until_end)
+  local rec = cmsgpack.pack(2, g, pe, glimit, gwindow, start, count)
+  if keep then
+    redis.call('SET', K[1], rec, 'KEEPTTL')
+  else
+    local ms = until_end > 0 and until_end or 1
+    redis.call('SET', K[1], rec, 'PX', (ms - ms % 1000) / 1000 + (ms % 1000 > 0 and 1 or 0))
+  end
 end
-return { allowed, math.max(glimit - count, 0), retry, until_end, glimit }
+return { allowed, glimit > count and glimit - count or 0, retry, until_end, glimit }

@@ -1,13 +1,17 @@
 //! The bytes of one bucket in Redis: a [`Record`] (generation, pending deferral, parameters,
-//! state) as the scripts write it. Compact by design — an idle token bucket is about 20 bytes,
-//! which keeps the key in Redis's smallest embedded-string allocation.
+//! state) as the scripts write it. Compact by design — an idle token bucket is about 25 bytes,
+//! which keeps the value in one 48-byte embedded-string allocation.
 //!
-//! Layout: a tag byte (1 token bucket, 2 fixed window, 3 sliding log), then unsigned LEB128
-//! varints (7 bits a byte, low first): generation, pending (0 = none, else the deferring
-//! generation + 1), the parameters, then the state — token bucket: capacity, unit, rate,
-//! max_elapsed_us (0 = none), level_units, updated_us; fixed window: limit, window_us,
-//! window_start_us, count; sliding log: limit, window_us, then `(time_us, cost)` pairs as
-//! little-endian doubles (16 bytes each, so a script keeps a suffix of the log by slicing).
+//! Layout: MessagePack unsigned integers one after the other, each in its smallest encoding
+//! (`cmsgpack.pack(a, b, ...)` in the scripts: 1 byte below 128, then 2, 3, 5 or 9 bytes): the
+//! tag (1 token bucket, 2 fixed window, 3 sliding log), generation, pending (0 = none, else
+//! the deferring generation + 1), the parameters, then the state — token bucket: capacity,
+//! unit, rate, max_elapsed_us (0 = none), level_units, updated_us; fixed window: limit,
+//! window_us, window_start_us, count; sliding log: limit, window_us, then `(time_us, cost)`
+//! pairs as little-endian doubles (16 bytes each, so a script keeps a suffix of the log by
+//! slicing). MessagePack rather than a hand-rolled varint because a script decodes it in one C
+//! call (`cmsgpack.unpack`): decoding varints byte by byte in Lua cost more than the whole
+//! rest of the decision (BENCHMARKS.md).
 //!
 //! The scripts are the writers; this module lets tests and tools read (and compare) what they
 //! wrote. [`decode`] refuses anything malformed, as the scripts do (they treat it as a missing
@@ -21,25 +25,43 @@ use tollgate_core::algorithm::{
 };
 use tollgate_core::{Algorithm, FixedWindow, Rate, SlidingLog, TokenBucket};
 
-fn put(out: &mut Vec<u8>, mut n: u64) {
-    while n >= 0x80 {
-        out.push((n & 0x7f) as u8 | 0x80);
-        n >>= 7;
+/// Appends `n` as a MessagePack unsigned integer in its smallest encoding, as Redis's
+/// `cmsgpack.pack` writes an integral number: positive fixint, then uint 8/16/32/64.
+fn put(out: &mut Vec<u8>, n: u64) {
+    if n < 0x80 {
+        out.push(n as u8);
+    } else if n <= 0xff {
+        out.extend_from_slice(&[0xcc, n as u8]);
+    } else if n <= 0xffff {
+        out.push(0xcd);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else if n <= 0xffff_ffff {
+        out.push(0xce);
+        out.extend_from_slice(&(n as u32).to_be_bytes());
+    } else {
+        out.push(0xcf);
+        out.extend_from_slice(&n.to_be_bytes());
     }
-    out.push(n as u8);
 }
 
+/// Reads one MessagePack unsigned integer at `pos` (any of its encodings, as
+/// `cmsgpack.unpack` accepts them), or `None` for anything else.
 fn get(raw: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut n = 0u64;
-    for shift in 0..8 {
-        let b = *raw.get(*pos)?;
-        *pos += 1;
-        n |= u64::from(b & 0x7f) << (7 * shift);
-        if b < 0x80 {
-            return Some(n);
+    let tag = *raw.get(*pos)?;
+    let width = match tag {
+        0x00..=0x7f => {
+            *pos += 1;
+            return Some(u64::from(tag));
         }
-    }
-    None
+        0xcc => 1,
+        0xcd => 2,
+        0xce => 4,
+        0xcf => 8,
+        _ => return None,
+    };
+    let bytes = raw.get(*pos + 1..*pos + 1 + width)?;
+    *pos += 1 + width;
+    Some(bytes.iter().fold(0, |n, &b| (n << 8) | u64::from(b)))
 }
 
 /// The bytes a script writes for `record`.
@@ -54,7 +76,7 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Algorithm::SlidingLog(_) => 3,
         _ => unreachable!("an algorithm without a script"),
     };
-    out.push(tag);
+    put(&mut out, tag);
     put(&mut out, record.generation);
     put(&mut out, record.pending.map_or(0, |p| p + 1));
     match (&record.params, &record.state) {
@@ -90,9 +112,9 @@ pub fn encode(record: &Record) -> Vec<u8> {
 
 /// Reads a record, or `None` for bytes a script would treat as a missing bucket.
 pub fn decode(raw: &[u8]) -> Option<Record> {
-    let mut pos = 1;
+    let mut pos = 0;
     let mut next = || get(raw, &mut pos);
-    let tag = *raw.first()?;
+    let tag = next()?;
     let generation = next()?;
     let pending = next()?.checked_sub(1);
     let (params, state) = match tag {
@@ -170,10 +192,12 @@ mod tests {
             }),
         };
         let bytes = encode(&r);
-        // tag, generation, pending, capacity, unit (3), rate, max, level (4), updated (8)
-        assert_eq!(bytes.len(), 21);
+        // tag, generation, pending, capacity, unit (uint32: 5), rate, max, level (5),
+        // updated (uint64: 9)
+        assert_eq!(bytes.len(), 25);
+        assert_eq!(bytes[..4], [1, 3, 5, 100]);
         assert_eq!(decode(&bytes), Some(r));
-        assert_eq!(decode(&bytes[..20]), None);
+        assert_eq!(decode(&bytes[..24]), None);
         assert_eq!(decode(&[0xff; 16]), None);
         assert_eq!(decode(b"x"), None);
     }

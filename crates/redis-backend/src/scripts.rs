@@ -12,7 +12,7 @@
 //! -1 when the cost is above that limit (nothing written). An argument it refuses gives an
 //! error reply starting `ERR tollgate:`, having written nothing.
 //!
-//! Each bucket is one STRING, a [`crate::record`]: a tag byte, then varints for the
+//! Each bucket is one STRING, a [`crate::record`]: MessagePack integers for the tag, the
 //! generation, the pending deferral, the parameters and the state:
 //!
 //! | script | parameters | state |
