@@ -2,8 +2,10 @@
 //! - refusals are exactly the documented ones (bad namespace, then the first empty or
 //!   over-long part, by index);
 //! - an accepted key holds only `[A-Za-z0-9._%~:-]` (no `{`, `}`, control or non-ASCII bytes),
-//!   is at most namespace + 129 bytes per part long, has one `:`-separated segment per part,
-//!   and each segment decodes back to its part or is `~` and 32 hex digits (a long part's hash);
+//!   is at most 1024 bytes and at most namespace + 129 bytes per part long; either it has one
+//!   `:`-separated segment per part, each decoding back to its part or being `~` and 32 hex
+//!   digits (a long part's hash), or (an encoding that would pass 1024 bytes) it is the
+//!   namespace, `:~~` and 32 hex digits (the whole key's hash);
 //! - distinct inputs never meet in one key, within the input and across the whole run.
 #![no_main]
 
@@ -90,6 +92,16 @@ fn check(ns: &str, parts: &[Vec<u8>]) -> Option<Key> {
                 "{s:?}"
             );
             assert!(s.len() <= ns.len() + parts.len() * 129, "{} bytes", s.len());
+            assert!(s.len() <= 1024, "{} bytes", s.len());
+            if let Some(digest) = s.strip_prefix(ns).and_then(|r| r.strip_prefix(":~~")) {
+                // the whole key hashed: only when its encoding would pass 1024 bytes
+                assert_eq!(digest.len(), 32, "{s:?}");
+                assert!(digest.bytes().all(|b| hex(b).is_some()), "{s:?}");
+                // each segment is at most 128 bytes and at most 3 per input byte (escapes)
+                let most: usize = parts.iter().map(|p| 1 + (3 * p.len()).min(128)).sum();
+                assert!(ns.len() + most > 1024, "{s:?} from {} parts", parts.len());
+                return Some(key);
+            }
             let segments: Vec<&str> = s.split(':').collect();
             assert_eq!(segments.len(), parts.len() + 1, "{s:?}");
             assert_eq!(segments[0], ns);

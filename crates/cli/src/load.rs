@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tollgate::{Algorithm, FailureMode, Key, Limiter, Policy};
+use tollgate::{Algorithm, Decision, Enforcement, Error, FailureMode, Key, Limiter, Policy};
 
 use crate::StoreArgs;
 
@@ -20,6 +20,32 @@ use crate::StoreArgs;
 const DEFAULT_MAX_REQUESTS: u64 = 100_000_000;
 /// Upper bound on time when only `--requests` is given.
 const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(300);
+/// Width of one slot of the summary's timeline.
+const SLOT: Duration = Duration::from_secs(1);
+/// Slots kept; calls after the last one count in it.
+const MAX_SLOTS: usize = 3600;
+
+/// What each limiter instance does when its store cannot answer (`--fail-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum FailMode {
+    /// Admit, labelled `bypassed`.
+    Open,
+    /// Refuse with "limiter unavailable" (counted as `unavailable`, not as a denial).
+    Closed,
+    /// Decide on a per-instance local store with the quota divided by `--instances`,
+    /// labelled `degraded`.
+    Degraded,
+}
+
+impl FailMode {
+    fn mode(self, instances: usize) -> FailureMode {
+        match self {
+            Self::Open => FailureMode::Open,
+            Self::Closed => FailureMode::Closed,
+            Self::Degraded => FailureMode::degraded(u32::try_from(instances).unwrap_or(u32::MAX)),
+        }
+    }
+}
 
 #[derive(Args, Debug)]
 pub(crate) struct LoadArgs {
@@ -62,6 +88,11 @@ pub(crate) struct LoadArgs {
     /// concurrency on the same server (pipeline 1 and 16) and report tollgate's ratio to it.
     #[arg(long, requires = "redis")]
     compare_redis_benchmark: bool,
+    /// What each instance does when the store cannot answer. The summary counts decisions by
+    /// enforcement (`shared`, `degraded`, `bypassed`) and refusals as `unavailable`, overall
+    /// and per second, so an outage during the run shows where it started and ended.
+    #[arg(long, value_enum, default_value_t = FailMode::Closed)]
+    fail_mode: FailMode,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -75,32 +106,115 @@ enum Probe {
     Ping(redis::aio::MultiplexedConnection),
 }
 
+/// Outcomes of one iteration.
+#[derive(Default)]
+struct Tally {
+    allowed: u64,
+    denied: u64,
+    shared: u64,
+    degraded: u64,
+    bypassed: u64,
+}
+
+impl Tally {
+    fn add(&mut self, d: &Decision) {
+        if d.allowed {
+            self.allowed += 1;
+        } else {
+            self.denied += 1;
+        }
+        match d.enforcement {
+            Enforcement::Degraded => self.degraded += 1,
+            Enforcement::Bypassed => self.bypassed += 1,
+            _ => self.shared += 1,
+        }
+    }
+}
+
 impl Probe {
-    /// Runs one iteration over `keys`; returns (allowed, denied) or the error text.
-    async fn run(&mut self, keys: &[Key], cost: u64) -> Result<(u64, u64), String> {
+    /// Runs one iteration over `keys`; returns its outcomes or the limiter's error.
+    async fn run(&mut self, keys: &[Key], cost: u64) -> Result<Tally, Failure> {
+        let mut tally = Tally::default();
         match self {
             Self::Check(limiter) if keys.len() == 1 => {
-                let d = limiter
-                    .check_key(&keys[0], cost)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(if d.allowed { (1, 0) } else { (0, 1) })
+                tally.add(&limiter.check_key(&keys[0], cost).await?);
             }
             Self::Check(limiter) => {
-                let ds = limiter
-                    .check_many(keys, cost)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let allowed = ds.iter().filter(|d| d.allowed).count() as u64;
-                Ok((allowed, ds.len() as u64 - allowed))
+                for d in &limiter.check_many(keys, cost).await? {
+                    tally.add(d);
+                }
             }
             Self::Ping(conn) => {
                 let () = redis::cmd("PING")
                     .query_async(conn)
                     .await
-                    .map_err(|e| e.to_string())?;
-                Ok((1, 0))
+                    .map_err(|e| Failure::Other(e.to_string()))?;
+                tally.allowed = 1;
+                tally.shared = 1;
             }
+        }
+        Ok(tally)
+    }
+}
+
+/// Why an iteration produced no decision.
+enum Failure {
+    /// The store could not answer and the instance fails closed.
+    Unavailable(String),
+    /// Anything else (a bug or a misconfiguration: reported, never a failure-mode switch).
+    Other(String),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Unavailable { .. } => Self::Unavailable(e.to_string()),
+            e => Self::Other(e.to_string()),
+        }
+    }
+}
+
+/// Counts of one kind of outcome, overall.
+#[derive(Default)]
+struct Counts {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    shared: AtomicU64,
+    degraded: AtomicU64,
+    bypassed: AtomicU64,
+    unavailable: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Counts {
+    fn record(&self, outcome: &Result<Tally, Failure>, keys: u64) {
+        match outcome {
+            Ok(t) => {
+                self.allowed.fetch_add(t.allowed, Ordering::Relaxed);
+                self.denied.fetch_add(t.denied, Ordering::Relaxed);
+                self.shared.fetch_add(t.shared, Ordering::Relaxed);
+                self.degraded.fetch_add(t.degraded, Ordering::Relaxed);
+                self.bypassed.fetch_add(t.bypassed, Ordering::Relaxed);
+            }
+            Err(Failure::Unavailable(_)) => {
+                self.unavailable.fetch_add(keys, Ordering::Relaxed);
+                self.errors.fetch_add(keys, Ordering::Relaxed);
+            }
+            Err(Failure::Other(_)) => {
+                self.errors.fetch_add(keys, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn slot(&self, from: f64) -> Slot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Slot {
+            from_secs: from,
+            shared: get(&self.shared),
+            degraded: get(&self.degraded),
+            bypassed: get(&self.bypassed),
+            unavailable: get(&self.unavailable),
+            other_errors: get(&self.errors) - get(&self.unavailable),
         }
     }
 }
@@ -108,9 +222,23 @@ impl Probe {
 #[derive(Default)]
 struct Counters {
     issued: AtomicU64,
-    allowed: AtomicU64,
-    denied: AtomicU64,
-    errors: AtomicU64,
+    total: Counts,
+    /// Per [`SLOT`] of the run.
+    slots: Vec<Counts>,
+}
+
+/// Decisions by enforcement and refusals.
+#[derive(Debug, Serialize)]
+struct Slot {
+    /// Start of the slot, seconds from the start of the run.
+    from_secs: f64,
+    shared: u64,
+    degraded: u64,
+    bypassed: u64,
+    /// Refused under `--fail-mode closed` because the store could not answer.
+    unavailable: u64,
+    /// Other errors (invalid input, script errors): never a failure-mode switch.
+    other_errors: u64,
 }
 
 /// The summary printed at the end of a run.
@@ -127,6 +255,13 @@ pub(crate) struct Summary {
     allowed: u64,
     denied: u64,
     errors: u64,
+    /// The failure mode every instance ran with.
+    fail_mode: &'static str,
+    /// Decisions by enforcement, and refusals, over the whole run.
+    by_enforcement: Slot,
+    /// The same per second of the run: an outage shows as the seconds where `shared` gives
+    /// way to `degraded`, `bypassed` or `unavailable`.
+    timeline: Vec<Slot>,
     admitted_cost: u64,
     decisions_per_sec: f64,
     /// Keys decided per call (`--batch`); latency is per call.
@@ -196,7 +331,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         } else {
             let mut b = Limiter::builder("load", args.policy)
                 .store(args.store.connect().await?)
-                .failure_mode(FailureMode::Closed)
+                .failure_mode(args.fail_mode.mode(args.instances))
                 .timeout(args.store.timeout);
             if let Some(n) = args.deny_cache {
                 b = b.deny_cache(n);
@@ -205,7 +340,13 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         });
     }
 
-    let counters = Arc::new(Counters::default());
+    let slots = (max_duration.as_secs_f64() / SLOT.as_secs_f64()).ceil() as usize;
+    let counters = Arc::new(Counters {
+        slots: (0..slots.clamp(1, MAX_SLOTS))
+            .map(|_| Counts::default())
+            .collect(),
+        ..Counters::default()
+    });
     let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
     let progress = progress_bar(max_requests, args.json);
     let started = Instant::now();
@@ -223,10 +364,18 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                 let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
                     .expect("histogram bounds");
                 let mut picked = Vec::with_capacity(batch as usize);
+                let mut iteration = 0u32;
                 loop {
                     let n = counters.issued.fetch_add(batch, Ordering::Relaxed);
                     if n >= max_requests || Instant::now() >= deadline {
                         break;
+                    }
+                    // A decision that needs no I/O (local store, deny cache, a degraded or
+                    // bypassed call while the breaker is open) never yields by itself: let the
+                    // runtime's timers and connections (reconnects, breaker probes) run.
+                    iteration = iteration.wrapping_add(1);
+                    if iteration.is_multiple_of(64) {
+                        tokio::task::yield_now().await;
                     }
                     picked.clear();
                     picked.extend(
@@ -236,18 +385,17 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     let t0 = Instant::now();
                     let result = probe.run(&picked, cost).await;
                     hist.saturating_record(t0.elapsed().as_nanos().max(1) as u64);
-                    match result {
-                        Ok((allowed, denied)) => {
-                            counters.allowed.fetch_add(allowed, Ordering::Relaxed);
-                            counters.denied.fetch_add(denied, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            first_error.lock().expect("poisoned").get_or_insert(e);
-                            counters
-                                .errors
-                                .fetch_add(picked.len() as u64, Ordering::Relaxed);
-                        }
+                    if let Err(Failure::Unavailable(e) | Failure::Other(e)) = &result {
+                        first_error
+                            .lock()
+                            .expect("poisoned")
+                            .get_or_insert_with(|| e.clone());
                     }
+                    let slot =
+                        (t0.duration_since(started).as_secs_f64() / SLOT.as_secs_f64()) as usize;
+                    let n = picked.len() as u64;
+                    counters.total.record(&result, n);
+                    counters.slots[slot.min(counters.slots.len() - 1)].record(&result, n);
                 }
                 hist
             }));
@@ -258,10 +406,16 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let done = counters.allowed.load(Ordering::Relaxed)
-                    + counters.denied.load(Ordering::Relaxed)
-                    + counters.errors.load(Ordering::Relaxed);
-                bar.set_position(done);
+                let t = &counters.total;
+                let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                bar.set_position(get(&t.allowed) + get(&t.denied) + get(&t.errors));
+                bar.set_message(format!(
+                    "shared {} degraded {} bypassed {} unavailable {}",
+                    get(&t.shared),
+                    get(&t.degraded),
+                    get(&t.bypassed),
+                    get(&t.unavailable)
+                ));
             }
         })
     });
@@ -277,10 +431,17 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         bar.finish_and_clear();
     }
 
-    let allowed = counters.allowed.load(Ordering::Relaxed);
-    let denied = counters.denied.load(Ordering::Relaxed);
-    let errors = counters.errors.load(Ordering::Relaxed);
+    let allowed = counters.total.allowed.load(Ordering::Relaxed);
+    let denied = counters.total.denied.load(Ordering::Relaxed);
+    let errors = counters.total.errors.load(Ordering::Relaxed);
     let requests = allowed + denied + errors;
+    let used = ((elapsed.as_secs_f64() / SLOT.as_secs_f64()).ceil() as usize)
+        .clamp(1, counters.slots.len());
+    let timeline = counters.slots[..used]
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.slot(i as f64 * SLOT.as_secs_f64()))
+        .collect();
     let summary = Summary {
         store: if args.ping {
             "redis-ping"
@@ -297,6 +458,13 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         allowed,
         denied,
         errors,
+        fail_mode: match args.fail_mode {
+            FailMode::Open => "open",
+            FailMode::Closed => "closed",
+            FailMode::Degraded => "degraded",
+        },
+        by_enforcement: counters.total.slot(0.0),
+        timeline,
         admitted_cost: allowed * args.cost,
         decisions_per_sec: requests as f64 / elapsed.as_secs_f64(),
         batch: args.batch,
@@ -342,7 +510,7 @@ fn progress_bar(total: u64, json: bool) -> Option<ProgressBar> {
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template(
-            "{spinner} {pos}/{len} decisions [{elapsed_precise}] {per_sec}",
+            "{spinner} {pos}/{len} decisions [{elapsed_precise}] {per_sec} {msg}",
         )
         .expect("valid template"),
     );
@@ -360,6 +528,24 @@ fn print_human(s: &Summary) {
         "requests    {} (allowed {}, denied {}, errors {})",
         s.requests, s.allowed, s.denied, s.errors
     );
+    let e = &s.by_enforcement;
+    println!(
+        "enforcement shared {}, degraded {}, bypassed {}; unavailable {}, other errors {} (--fail-mode {})",
+        e.shared, e.degraded, e.bypassed, e.unavailable, e.other_errors, s.fail_mode
+    );
+    if s.timeline
+        .iter()
+        .any(|t| t.degraded + t.bypassed + t.unavailable + t.other_errors > 0)
+    {
+        println!("timeline    (the store did not answer every call: per second)");
+        println!("      from s     shared   degraded   bypassed unavailable     errors");
+        for t in &s.timeline {
+            println!(
+                "    {:8.0} {:10} {:10} {:10} {:11} {:10}",
+                t.from_secs, t.shared, t.degraded, t.bypassed, t.unavailable, t.other_errors
+            );
+        }
+    }
     println!("throughput  {:.0} decisions/s", s.decisions_per_sec);
     println!(
         "latency     p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",

@@ -1,0 +1,103 @@
+//! `tollgate load --redis … --fail-mode open|closed|degraded` as a user runs it: the built
+//! binary against a real redis-server that the test kills mid-run and restarts. The summary's
+//! counts by enforcement and its per-second timeline must show the outage and the recovery.
+
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::Duration;
+
+use tollgate_testkit::server::RedisServer;
+
+/// Runs one load of 7 s against a server killed 1.2 s after the start and restarted 2 s later
+/// (so one whole second of the timeline lies inside the outage); returns the JSON summary.
+fn run_through_an_outage(mode: &str) -> serde_json::Value {
+    let mut server = RedisServer::start();
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "load",
+            "--redis",
+            &server.url(),
+            "--policy",
+            "token-bucket:capacity=1000000,rate=1000000",
+            "--tasks",
+            "2",
+            "--keys",
+            "100",
+            "--duration",
+            "7s",
+            "--timeout",
+            "100ms",
+            "--fail-mode",
+            mode,
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tollgate binary runs");
+    thread::sleep(Duration::from_millis(1200));
+    server.kill();
+    thread::sleep(Duration::from_millis(2000));
+    server.restart();
+    let out = child.wait_with_output().expect("the run ends");
+    assert!(
+        out.status.success(),
+        "{mode}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+#[test]
+fn an_outage_shows_in_the_counts_and_the_timeline_for_every_mode() {
+    let runs: Vec<_> = ["open", "closed", "degraded"]
+        .into_iter()
+        .map(|mode| (mode, thread::spawn(move || run_through_an_outage(mode))))
+        .collect();
+    for (mode, run) in runs {
+        let s = run.join().expect("the run thread");
+        eprintln!(
+            "{mode}: by_enforcement {} max latency {} us; timeline {}",
+            s["by_enforcement"], s["latency_us"]["max"], s["timeline"]
+        );
+        assert_eq!(s["fail_mode"], mode);
+        let total = &s["by_enforcement"];
+        let count = |v: &serde_json::Value, k: &str| v[k].as_u64().expect("a count");
+        // the outage's calls went the mode's way, and only that way
+        let (during, never) = match mode {
+            "open" => ("bypassed", ["degraded", "unavailable"]),
+            "closed" => ("unavailable", ["degraded", "bypassed"]),
+            _ => ("degraded", ["bypassed", "unavailable"]),
+        };
+        assert!(count(total, during) > 0, "{mode}: {total}");
+        for k in never {
+            assert_eq!(count(total, k), 0, "{mode}: {k} in {total}");
+        }
+        assert_eq!(count(total, "other_errors"), 0, "{mode}: {total}");
+        assert_eq!(
+            s["errors"].as_u64(),
+            Some(count(total, "unavailable")),
+            "{mode}: every error is an unavailable store"
+        );
+        // shared before the kill and again after the restart: the timeline shows both edges
+        let timeline = s["timeline"].as_array().expect("a timeline");
+        assert!(timeline.len() >= 7, "{mode}: {timeline:?}");
+        assert!(
+            count(&timeline[0], "shared") > 0,
+            "{mode}: {:?}",
+            timeline[0]
+        );
+        let last = timeline.last().unwrap();
+        assert!(count(last, "shared") > 0, "{mode}: not recovered: {last}");
+        assert_eq!(count(last, during), 0, "{mode}: still failing over: {last}");
+        assert!(
+            timeline
+                .iter()
+                .any(|t| count(t, during) > 0 && count(t, "shared") == 0),
+            "{mode}: no second spent wholly in the outage: {timeline:?}"
+        );
+        // every call ended within its 100 ms deadline plus scheduling slack
+        let max = s["latency_us"]["max"].as_f64().expect("max latency");
+        assert!(max < 600_000.0, "{mode}: a call took {max} us");
+    }
+}
