@@ -147,6 +147,11 @@ pub fn apply(
 ) -> Result<Outcome, PolicyError> {
     policy.check_cost(cost)?;
     let caller = policy.algorithm().normalized();
+    if let Some(r) = record.as_mut()
+        && stored_governs_as_is(r, policy, &caller)
+    {
+        return apply_in_place(r, now, cost, commit);
+    }
     let stored = record
         .as_ref()
         .filter(|r| std::mem::discriminant(&r.params) == std::mem::discriminant(&caller));
@@ -177,6 +182,80 @@ pub fn apply(
         ttl_micros: (!plan.keep_expiry).then_some(ttl),
         keep_expiry: plan.keep_expiry,
         decision: out.decision,
+    })
+}
+
+/// Whether [`plan`] would decide on `r` under its own generation, parameters and pending mark,
+/// changing none of them: a bucket of the caller's algorithm whose state matches its
+/// parameters, written by the caller's policy or a newer one, or deferring to one at least as
+/// new as the caller's.
+#[inline]
+fn stored_governs_as_is(r: &Record, policy: &Policy, caller: &Algorithm) -> bool {
+    let g = policy.generation();
+    let same_kind = matches!(
+        (&r.params, &r.state, caller),
+        (
+            Algorithm::TokenBucket(_),
+            State::TokenBucket(_),
+            Algorithm::TokenBucket(_)
+        ) | (
+            Algorithm::FixedWindow(_),
+            State::FixedWindow(_),
+            Algorithm::FixedWindow(_)
+        ) | (
+            Algorithm::SlidingLog(_),
+            State::SlidingLog(_),
+            Algorithm::SlidingLog(_)
+        )
+    );
+    let newer = g > r.generation || (g == r.generation && r.params != *caller);
+    same_kind && (!newer || r.pending.is_some_and(|p| p >= g))
+}
+
+/// [`apply`] when the stored record governs as it is ([`stored_governs_as_is`]): the same
+/// outcome and the same record as the general path, deciding on the stored state in place
+/// instead of copying it out and back.
+#[inline]
+fn apply_in_place(
+    r: &mut Record,
+    now: u64,
+    cost: u64,
+    commit: bool,
+) -> Result<Outcome, PolicyError> {
+    let max = r.params.limit();
+    if cost > max {
+        return Err(PolicyError::CostAboveCapacity { cost, max });
+    }
+    // Each algorithm changes its state only when it returns a TTL (a commit that writes).
+    let out = match (&r.params, &mut r.state) {
+        (Algorithm::TokenBucket(p), State::TokenBucket(s)) => {
+            token_bucket::apply_in_place(s, p, now, cost, commit)
+        }
+        (Algorithm::FixedWindow(p), State::FixedWindow(s)) => {
+            let mut held = Some(*s);
+            let out = fixed_window::apply(&mut held, p, now, cost, commit);
+            if let Some(held) = held {
+                *s = held;
+            }
+            out
+        }
+        (Algorithm::SlidingLog(p), State::SlidingLog(s)) => {
+            sliding_log::apply(s, p, now, cost, commit)
+        }
+        _ => unreachable!("stored_governs_as_is checked the state's kind"),
+    };
+    let keep_expiry = r.pending.is_some();
+    Ok(match out.ttl_micros {
+        Some(ttl) if commit => Outcome {
+            ttl_micros: (!keep_expiry).then_some(ttl),
+            keep_expiry,
+            decision: out.decision,
+        },
+        _ => Outcome {
+            ttl_micros: None,
+            keep_expiry: false,
+            decision: out.decision,
+        },
     })
 }
 

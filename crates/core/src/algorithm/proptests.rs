@@ -947,3 +947,299 @@ proptest! {
         prop_assert_eq!(u128::from(super::muldiv(a, b, c, max)), exact.min(u128::from(max)));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Equivalence with the pre-optimisation maths: the in-place path of `apply` and the
+// division-free token bucket must decide and write exactly what the general path did (the Redis
+// scripts mirror that path). `frozen` is a verbatim copy of it, kept only for this test.
+
+mod frozen {
+    use super::super::{
+        FixedWindowState, Outcome, Record, SlidingLogState, State, TokenBucketState, fixed_window,
+        sliding_log, transition,
+    };
+    use crate::{Algorithm, Decision, Policy, PolicyError, TokenBucket, Transition};
+
+    pub(super) fn level_at(p: &TokenBucket, stored: u64, updated: u64, eff: u64) -> u64 {
+        let cap = p.capacity_units();
+        let stored = stored.min(cap);
+        let mut elapsed = eff - updated;
+        if let Some(max) = p.max_elapsed_micros {
+            elapsed = elapsed.min(max);
+        }
+        let to_full = (cap - stored).div_ceil(p.rate);
+        if elapsed >= to_full {
+            cap
+        } else {
+            stored + elapsed * p.rate
+        }
+    }
+
+    fn token_bucket(
+        state: &mut Option<TokenBucketState>,
+        p: &TokenBucket,
+        now: u64,
+        cost: u64,
+        commit: bool,
+    ) -> Outcome {
+        let cap = p.capacity_units();
+        let (stored, updated) = state.map_or((cap, now), |s| (s.level, s.updated));
+        let eff = now.max(updated);
+        let level = level_at(p, stored, updated, eff);
+        let need = cost * p.unit;
+        let allowed = level >= need;
+        let level = if allowed { level - need } else { level };
+        let retry_after = (!allowed).then(|| {
+            let wait = (need - level).div_ceil(p.rate);
+            eff + p.max_elapsed_micros.map_or(wait, |max| wait.min(max)) - now
+        });
+        let reset_after = eff + (cap - level).div_ceil(p.rate) - now;
+        let ttl_micros = commit.then(|| {
+            *state = Some(TokenBucketState {
+                level,
+                updated: eff,
+            });
+            reset_after.max(1)
+        });
+        Outcome {
+            decision: Decision::shared(
+                allowed,
+                p.capacity,
+                level / p.unit,
+                retry_after,
+                reset_after,
+            ),
+            ttl_micros,
+            keep_expiry: false,
+        }
+    }
+
+    struct Plan {
+        generation: u64,
+        params: Algorithm,
+        pending: Option<u64>,
+        state: Option<State>,
+        changed: bool,
+        keep_expiry: bool,
+    }
+
+    fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -> Plan {
+        let g = policy.generation();
+        let Some(r) = stored else {
+            return Plan {
+                generation: g,
+                params: caller,
+                pending: None,
+                state: None,
+                changed: true,
+                keep_expiry: false,
+            };
+        };
+        let newer = g > r.generation || (g == r.generation && r.params != caller);
+        let deferred_for_caller = r.pending.is_some_and(|p| p >= g);
+        let stored_governs = Plan {
+            generation: r.generation,
+            params: r.params,
+            pending: r.pending,
+            state: Some(r.state.clone()),
+            changed: false,
+            keep_expiry: r.pending.is_some(),
+        };
+        if !newer || deferred_for_caller {
+            return stored_governs;
+        }
+        match policy.transition() {
+            Transition::DeferUntilExpiry => Plan {
+                pending: Some(g),
+                changed: true,
+                keep_expiry: true,
+                ..stored_governs
+            },
+            rule => Plan {
+                generation: g,
+                params: caller,
+                pending: None,
+                state: Some(transition::convert(rule, &r.params, &r.state, &caller, now)),
+                changed: true,
+                keep_expiry: false,
+            },
+        }
+    }
+
+    pub(super) fn apply(
+        record: &mut Option<Record>,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        commit: bool,
+    ) -> Result<Outcome, PolicyError> {
+        policy.check_cost(cost)?;
+        let caller = policy.algorithm().normalized();
+        let stored = record
+            .as_ref()
+            .filter(|r| std::mem::discriminant(&r.params) == std::mem::discriminant(&caller));
+        let plan = plan(stored, policy, caller, now);
+        let max = plan.params.limit();
+        if cost > max {
+            return Err(PolicyError::CostAboveCapacity { cost, max });
+        }
+        let mut state = plan.state;
+        let out = decide_state(&mut state, &plan.params, now, cost, commit);
+        if !commit || !(out.ttl_micros.is_some() || plan.changed) {
+            return Ok(Outcome {
+                ttl_micros: None,
+                keep_expiry: false,
+                ..out
+            });
+        }
+        *record = Some(Record {
+            generation: plan.generation,
+            params: plan.params,
+            pending: plan.pending,
+            state: state.expect("a state to write"),
+        });
+        let ttl = out
+            .ttl_micros
+            .unwrap_or_else(|| (out.decision.reset_after.as_micros() as u64).max(1));
+        Ok(Outcome {
+            ttl_micros: (!plan.keep_expiry).then_some(ttl),
+            keep_expiry: plan.keep_expiry,
+            decision: out.decision,
+        })
+    }
+
+    fn decide_state(
+        state: &mut Option<State>,
+        params: &Algorithm,
+        now: u64,
+        cost: u64,
+        commit: bool,
+    ) -> Outcome {
+        match params {
+            Algorithm::TokenBucket(p) => {
+                let mut s = match state {
+                    Some(State::TokenBucket(s)) => Some(*s),
+                    _ => None,
+                };
+                let out = token_bucket(&mut s, p, now, cost, commit);
+                if let Some(s) = s {
+                    *state = Some(State::TokenBucket(s));
+                }
+                out
+            }
+            Algorithm::FixedWindow(p) => {
+                let mut s: Option<FixedWindowState> = match state {
+                    Some(State::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                let out = fixed_window::apply(&mut s, p, now, cost, commit);
+                if let Some(s) = s {
+                    *state = Some(State::FixedWindow(s));
+                }
+                out
+            }
+            Algorithm::SlidingLog(p) => {
+                if !matches!(state, Some(State::SlidingLog(_))) {
+                    *state = Some(State::SlidingLog(SlidingLogState::default()));
+                }
+                let Some(State::SlidingLog(s)) = state else {
+                    unreachable!()
+                };
+                sliding_log::apply(s, p, now, cost, commit)
+            }
+        }
+    }
+}
+
+/// A bucket visited by several policies (generations 0–3, every rule, sometimes another
+/// algorithm), on a clock that also steps back, with commits and peeks, and Redis-like expiry.
+fn run_equivalence(policies: &[Policy], start: u64, ops: &[(Op, usize, bool)]) -> Check {
+    let mut sim = Sim::default();
+    let mut now = BASE + start;
+    for &(op, which, fresh_expiry) in ops {
+        let policy = &policies[which % policies.len()];
+        now = next_time(now, op.step, policy);
+        let cost = cost_of(op.cost, policy.limit()).max(1);
+        if fresh_expiry {
+            sim.expire(now);
+        }
+        let mut want_state = sim.state.clone();
+        let want = frozen::apply(&mut want_state, policy, now, cost, !op.peek);
+        let got = apply(&mut sim.state, policy, now, cost, !op.peek);
+        prop_assert_eq!(
+            &got,
+            &want,
+            "outcome of cost {} at {} under {}",
+            cost,
+            now,
+            policy
+        );
+        prop_assert_eq!(
+            &sim.state,
+            &want_state,
+            "record after cost {} at {}",
+            cost,
+            now
+        );
+        if let Ok(Outcome {
+            ttl_micros: Some(ttl),
+            ..
+        }) = got
+        {
+            sim.expires_at_ms = now / 1000 + ttl.div_ceil(1000);
+        }
+    }
+    Ok(())
+}
+
+fn policy_family() -> impl Strategy<Value = Vec<Policy>> {
+    let one = prop_oneof![
+        6 => token_bucket(),
+        2 => fixed_window(),
+        2 => sliding_log(),
+    ];
+    let versioned = (one, 0u64..4, prop::sample::select(Transition::ALL.to_vec()))
+        .prop_map(|(p, g, rule)| p.with_generation(g).with_transition(rule));
+    prop::collection::vec(versioned, 1..4)
+}
+
+fn equivalence_ops() -> impl Strategy<Value = Vec<(Op, usize, bool)>> {
+    (
+        ops(any_step()),
+        prop::collection::vec((0usize..4, any::<bool>()), 200),
+    )
+        .prop_map(|(ops, picks)| {
+            ops.into_iter()
+                .zip(picks)
+                .map(|(op, (which, expire))| (op, which, expire))
+                .collect()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn apply_decides_and_writes_exactly_as_the_frozen_general_path(
+        policies in policy_family(),
+        start in 0u64..1 << 40,
+        ops in equivalence_ops(),
+    ) {
+        run_equivalence(&policies, start, &ops)?;
+    }
+
+    #[test]
+    fn level_at_without_division_agrees_with_the_frozen_one(
+        policy in token_bucket(),
+        stored in prop_oneof![Just(0u64), 0u64..=1 << 52, any::<u64>().prop_map(|x| x >> 11)],
+        updated in any::<u64>(),
+        elapsed in prop_oneof![0u64..=10, 0u64..=1 << 20, any::<u64>()],
+    ) {
+        let Algorithm::TokenBucket(p) = policy.algorithm().normalized() else { unreachable!() };
+        let eff = updated.saturating_add(elapsed);
+        prop_assert_eq!(
+            super::token_bucket::level_at(&p, stored, updated, eff),
+            frozen::level_at(&p, stored, updated, eff)
+        );
+    }
+}

@@ -18,6 +18,7 @@ pub struct TokenBucketState {
 }
 
 /// Applies `cost` at `now`; see [`super::apply`].
+#[inline]
 pub fn apply(
     state: &mut Option<TokenBucketState>,
     p: &TokenBucket,
@@ -25,8 +26,46 @@ pub fn apply(
     cost: u64,
     commit: bool,
 ) -> Outcome {
+    let (stored, updated) = state.map_or((p.capacity_units(), now), |s| (s.level, s.updated));
+    let (out, next) = step(p, stored, updated, now, cost, commit);
+    if commit {
+        *state = Some(next);
+    }
+    out
+}
+
+/// [`apply`] on a stored state, updated in place when `commit` is true: the same decision and
+/// the same new state as `apply` on `Some(*state)`, without moving the state in and out of an
+/// `Option`.
+#[inline]
+pub fn apply_in_place(
+    state: &mut TokenBucketState,
+    p: &TokenBucket,
+    now: u64,
+    cost: u64,
+    commit: bool,
+) -> Outcome {
+    let (out, next) = step(p, state.level, state.updated, now, cost, commit);
+    if commit {
+        *state = next;
+    }
+    out
+}
+
+/// One decision on a bucket that held `stored` units at `updated`: the outcome and the state a
+/// commit writes. Always inlined: returned through memory, the pair costs a store-forwarding
+/// stall per call on the hot path.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn step(
+    p: &TokenBucket,
+    stored: u64,
+    updated: u64,
+    now: u64,
+    cost: u64,
+    commit: bool,
+) -> (Outcome, TokenBucketState) {
     let cap = p.capacity_units();
-    let (stored, updated) = state.map_or((cap, now), |s| (s.level, s.updated));
     let eff = now.max(updated);
     let level = level_at(p, stored, updated, eff);
 
@@ -37,34 +76,63 @@ pub fn apply(
     // retry then points at the next call that moves the bucket, and following retry_after call
     // after call is admitted at the earliest possible instant.
     let retry_after = (!allowed).then(|| {
-        let wait = (need - level).div_ceil(p.rate);
+        let wait = div_ceil(need - level, p.rate);
         eff + p.max_elapsed_micros.map_or(wait, |max| wait.min(max)) - now
     });
-    let reset_after = eff + (cap - level).div_ceil(p.rate) - now;
+    let reset_after = eff + div_ceil(cap - level, p.rate) - now;
 
-    let ttl_micros = commit.then(|| {
-        *state = Some(TokenBucketState {
-            level,
-            updated: eff,
-        });
-        reset_after.max(1)
-    });
-    Outcome {
+    let out = Outcome {
         decision: Decision::shared(
             allowed,
             p.capacity,
-            level / p.unit,
+            div_floor(level, p.unit),
             retry_after,
             reset_after,
         ),
-        ttl_micros,
+        ttl_micros: commit.then_some(reset_after.max(1)),
         keep_expiry: false,
+    };
+    let next = TokenBucketState {
+        level,
+        updated: eff,
+    };
+    (out, next)
+}
+
+/// `x.div_ceil(d)` for `d >= 1`, without a hardware division in the common cases (a quotient
+/// of 0 or 1, a divisor of 1).
+#[inline]
+fn div_ceil(x: u64, d: u64) -> u64 {
+    if x <= d {
+        u64::from(x != 0)
+    } else if d == 1 {
+        x
+    } else {
+        x.div_ceil(d)
+    }
+}
+
+/// `x / d` for `d >= 1`, without a hardware division in the common cases (a quotient of 0, a
+/// divisor of 1).
+#[inline]
+fn div_floor(x: u64, d: u64) -> u64 {
+    if x < d {
+        0
+    } else if d == 1 {
+        x
+    } else {
+        x / d
     }
 }
 
 /// The level in units at `eff >= updated` of a bucket that held `stored` units at `updated`:
 /// refilled at the policy's rate, elapsed time capped by `max_elapsed`, at most capacity (a
 /// stored level above capacity, from a larger policy, is clamped first).
+///
+/// "Full after `elapsed`" is `elapsed >= ceil((cap - stored) / rate)`, decided here as
+/// `elapsed · rate >= cap - stored` in 128 bits (the same for integers, without a division);
+/// below that, `elapsed · rate < cap - stored <= 2^52` cannot overflow.
+#[inline]
 pub(crate) fn level_at(p: &TokenBucket, stored: u64, updated: u64, eff: u64) -> u64 {
     let cap = p.capacity_units();
     let stored = stored.min(cap);
@@ -72,8 +140,7 @@ pub(crate) fn level_at(p: &TokenBucket, stored: u64, updated: u64, eff: u64) -> 
     if let Some(max) = p.max_elapsed_micros {
         elapsed = elapsed.min(max);
     }
-    let to_full = (cap - stored).div_ceil(p.rate);
-    if elapsed >= to_full {
+    if u128::from(elapsed) * u128::from(p.rate) >= u128::from(cap - stored) {
         cap
     } else {
         stored + elapsed * p.rate
