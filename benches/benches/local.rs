@@ -5,8 +5,8 @@
 //!
 //! Policies are equivalent: a token bucket of capacity C refilled at R/s is governor's
 //! `Quota::per_second(R).allow_burst(C)` (GCRA is the same algorithm). Both use their default
-//! clock and hasher, as a user would: the system clock and foldhash for `LocalStore`, quanta
-//! and SipHash for governor.
+//! clock and hasher, as a user would: `MonotonicClock` (quanta-based) and foldhash for
+//! `LocalStore`, quanta and SipHash for governor.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

@@ -10,7 +10,7 @@ use dashmap::mapref::entry::Entry;
 use tollgate_core::algorithm;
 use tollgate_core::{Acquire, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError};
 
-use crate::bucket::Bucket;
+use crate::bucket::{Bucket, ParamsTable};
 
 /// Default cap on the number of keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -57,9 +57,20 @@ pub struct LocalStore<C = MonotonicClock> {
     /// foldhash rather than SipHash: it halves the cost of a hot-key decision, and its
     /// per-map random seed still keeps user-chosen keys from being aimed at one bucket chain.
     map: DashMap<Key, Bucket, foldhash::fast::RandomState>,
+    /// The generations and parameters the map's compact buckets refer to.
+    params: ParamsTable,
     clock: C,
     max_keys: usize,
     sweep_every: usize,
+    /// Counters written by inserts and sweeps, on their own cache lines: a new key on one
+    /// thread must not invalidate the line every other thread reads the map and clock from.
+    counters: Counters,
+}
+
+/// A [`LocalStore`]'s write-shared counters, aligned to 128 bytes (a pair of cache lines, as
+/// adjacent-line prefetchers fetch them) so that nothing read on every call shares their line.
+#[repr(align(128))]
+struct Counters {
     /// Entries in `map`; slots are reserved here before an insert so the cap is exact.
     keys: AtomicUsize,
     /// New keys since the last sweep, and how many trigger the next one.
@@ -132,14 +143,17 @@ impl<C: Clock> LocalStoreBuilder<C> {
     pub fn build(self) -> LocalStore<C> {
         LocalStore {
             map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            params: ParamsTable::new(),
             clock: self.clock,
             max_keys: self.max_keys,
             sweep_every: self.sweep_every,
-            keys: AtomicUsize::new(0),
-            inserts: AtomicUsize::new(0),
-            sweep_threshold: AtomicUsize::new(self.sweep_every),
-            sweeping: AtomicBool::new(false),
-            last_cap_sweep_ms: AtomicU64::new(u64::MAX),
+            counters: Counters {
+                keys: AtomicUsize::new(0),
+                inserts: AtomicUsize::new(0),
+                sweep_threshold: AtomicUsize::new(self.sweep_every),
+                sweeping: AtomicBool::new(false),
+                last_cap_sweep_ms: AtomicU64::new(u64::MAX),
+            },
         }
     }
 }
@@ -161,36 +175,45 @@ impl<C: Clock> LocalStore<C> {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         policy.check_cost(cost)?;
+        // Time is read before the shard's lock is taken, so the lock is held for the maths
+        // alone. A call that read its time before another call on the same key decided may
+        // then decide after it with an older time: the maths treats that as a clock a little
+        // behind the bucket's (the effective time is `max(now, stored time)`), never crediting
+        // time twice, and retry/reset stay exact on the caller's clock.
+        let now = self.clock.now_micros();
         if let Some(mut bucket) = self.map.get_mut(key) {
-            // Time is read under the lock, as a script reads `TIME`: calls on one key see
-            // non-decreasing times in the order they decide.
-            let now = self.clock.now_micros();
-            return bucket.apply(policy, now, cost);
+            return bucket.apply(&self.params, policy, now, cost);
         }
-        self.acquire_new(key, policy, cost)
+        self.acquire_new(key, policy, cost, now)
     }
 
     /// The slow path for a key not in the map: clones the key and reserves a slot under the cap.
     #[cold]
-    fn acquire_new(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+    fn acquire_new(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
         let mut swept = false;
         loop {
             match self.map.entry(key.clone()) {
                 Entry::Occupied(mut held) => {
-                    let now = self.clock.now_micros();
-                    return held.get_mut().apply(policy, now, cost);
+                    return held.get_mut().apply(&self.params, policy, now, cost);
                 }
                 Entry::Vacant(vacant) => {
-                    let now = self.clock.now_micros();
-                    let mut state = None;
-                    let out = algorithm::apply(&mut state, policy, now, cost, true)?;
-                    let Some(ttl) = out.ttl_micros else {
-                        return Ok(out.decision);
-                    };
+                    // A missing bucket decided on before it is inserted: held only if the
+                    // decision wrote a state (with its expiry).
+                    let mut bucket = Bucket::missing();
+                    let decision = bucket.apply(&self.params, policy, now, cost)?;
+                    if !bucket.holds_record() {
+                        return Ok(decision);
+                    }
                     if self.reserve_slot() {
-                        drop(vacant.insert(Bucket::new(state, now, ttl)));
+                        drop(vacant.insert(bucket));
                         self.after_insert(now);
-                        return Ok(out.decision);
+                        return Ok(decision);
                     }
                     // Release the shard before sweeping: the sweep locks every shard in turn.
                     drop(vacant);
@@ -212,7 +235,7 @@ impl<C: Clock> LocalStore<C> {
             Some(bucket) => {
                 let now = self.clock.now_micros();
                 if bucket.is_alive(now / 1000) {
-                    let mut state = bucket.state.clone();
+                    let mut state = bucket.record(&self.params);
                     return Ok(algorithm::apply(&mut state, policy, now, cost, false)?.decision);
                 }
                 now
@@ -230,7 +253,7 @@ impl<C: Clock> LocalStore<C> {
     pub fn reset_now(&self, key: &Key) -> bool {
         let removed = self.map.remove(key).is_some();
         if removed {
-            self.keys.fetch_sub(1, Ordering::AcqRel);
+            self.counters.keys.fetch_sub(1, Ordering::AcqRel);
         }
         removed
     }
@@ -257,7 +280,7 @@ impl<C: Clock> LocalStore<C> {
 
     /// Buckets held, including expired ones not yet swept.
     pub fn len(&self) -> usize {
-        self.keys.load(Ordering::Acquire)
+        self.counters.keys.load(Ordering::Acquire)
     }
 
     /// Whether no bucket is held.
@@ -276,7 +299,8 @@ impl<C: Clock> LocalStore<C> {
     }
 
     fn reserve_slot(&self) -> bool {
-        self.keys
+        self.counters
+            .keys
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < self.max_keys).then_some(n + 1)
             })
@@ -289,13 +313,13 @@ impl<C: Clock> LocalStore<C> {
             .remove_if(key, |_, b| !b.is_alive(now_us / 1000))
             .is_some()
         {
-            self.keys.fetch_sub(1, Ordering::AcqRel);
+            self.counters.keys.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
     fn after_insert(&self, now_us: u64) {
-        let inserted = self.inserts.fetch_add(1, Ordering::AcqRel) + 1;
-        if inserted >= self.sweep_threshold.load(Ordering::Acquire) {
+        let inserted = self.counters.inserts.fetch_add(1, Ordering::AcqRel) + 1;
+        if inserted >= self.counters.sweep_threshold.load(Ordering::Acquire) {
             self.sweep(now_us / 1000);
         }
     }
@@ -304,11 +328,12 @@ impl<C: Clock> LocalStore<C> {
     /// a slot was freed.
     fn sweep_at_cap(&self, now_us: u64) -> bool {
         let now_ms = now_us / 1000;
-        let last = self.last_cap_sweep_ms.load(Ordering::Acquire);
+        let last = self.counters.last_cap_sweep_ms.load(Ordering::Acquire);
         // Never swept (`u64::MAX`), or the clock stepped back below the last sweep: due.
         let due = now_ms < last || now_ms - last >= CAP_SWEEP_GAP_MS;
         if !due
             || self
+                .counters
                 .last_cap_sweep_ms
                 .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
@@ -321,6 +346,7 @@ impl<C: Clock> LocalStore<C> {
     /// Removes the buckets expired at `now_ms`; `None` if another thread is sweeping.
     fn sweep(&self, now_ms: u64) -> Option<usize> {
         if self
+            .counters
             .sweeping
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
@@ -330,16 +356,17 @@ impl<C: Clock> LocalStore<C> {
         let mut removed = 0;
         self.map.retain(|_, b| {
             let alive = b.is_alive(now_ms);
-            if !alive {
-                removed += 1;
-                self.keys.fetch_sub(1, Ordering::AcqRel);
-            }
+            removed += usize::from(!alive);
             alive
         });
-        self.inserts.store(0, Ordering::Release);
-        self.sweep_threshold
+        // One update for the whole sweep rather than one contended atomic per bucket: until
+        // it lands the count is above the map's size, never below, so the cap still holds.
+        self.counters.keys.fetch_sub(removed, Ordering::AcqRel);
+        self.counters.inserts.store(0, Ordering::Release);
+        self.counters
+            .sweep_threshold
             .store(self.sweep_every.max(self.len()), Ordering::Release);
-        self.sweeping.store(false, Ordering::Release);
+        self.counters.sweeping.store(false, Ordering::Release);
         Some(removed)
     }
 }
@@ -347,7 +374,7 @@ impl<C: Clock> LocalStore<C> {
 impl<C> fmt::Debug for LocalStore<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalStore")
-            .field("len", &self.keys.load(Ordering::Relaxed))
+            .field("len", &self.counters.keys.load(Ordering::Relaxed))
             .field("max_keys", &self.max_keys)
             .field("sweep_every", &self.sweep_every)
             .finish_non_exhaustive()
