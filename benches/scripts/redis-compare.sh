@@ -64,13 +64,18 @@ for conn in multiplexed 4 16 64; do
     j "'| ${conn/#[0-9]*/pool($conn)} | %.0f | %.1f | %.1f |' % (d['decisions_per_sec'], d['latency_us']['p50'], d['latency_us']['p99'])"
 done
 echo
-echo "### Latency, one call at a time (token bucket vs bare PING, same tool)"
+echo "### Latency, one call at a time (token bucket; same tool, same connection kind)"
 echo
+echo "| probe | p50 µs | p99 µs | ratio to PING p50 |"
+echo "|---|---:|---:|---:|"
 ping=$($B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --ping --json)
+bare=$($B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --keys 100000 --bare-script --json)
 dec=$($B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --keys 100000 --json)
 p_ping=$(echo "$ping" | j "d['latency_us']['p50']")
-p_dec=$(echo "$dec" | j "d['latency_us']['p50']")
-echo "PING p50 ${p_ping} µs; decision p50 ${p_dec} µs; ratio $(python3 -c "print(round($p_dec/$p_ping, 2))")"
+lat() { echo "$2" | j "'| $1 | %.1f | %.1f | %.2f |' % (d['latency_us']['p50'], d['latency_us']['p99'], d['latency_us']['p50'] / $p_ping)"; }
+lat "PING" "$ping"
+lat "bare EVALSHA of the same script (--bare-script)" "$bare"
+lat "tollgate decision (Limiter, multiplexed)" "$dec"
 echo
 echo "### Batching (token bucket, 4 tasks, 100,000 keys)"
 echo

@@ -48,6 +48,7 @@ impl FailMode {
 }
 
 #[derive(Args, Debug)]
+#[allow(clippy::struct_excessive_bools)] // independent command-line flags
 pub(crate) struct LoadArgs {
     /// The policy, e.g. `token-bucket:capacity=100,rate=50`.
     #[arg(long)]
@@ -84,6 +85,12 @@ pub(crate) struct LoadArgs {
     /// tasks and bounds: the baseline for decision latency.
     #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache"])]
     ping: bool,
+    /// Run the policy's script by a bare `EVALSHA` on the instance's connection (no limiter,
+    /// breaker, deadline or decision decoding), with the same keys, tasks and bounds: with
+    /// `--ping`, it splits a decision's latency into the round trip, the script's run in
+    /// Redis, and tollgate's own work.
+    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "ping"])]
+    bare_script: bool,
     /// After the run, run `redis-benchmark` with the same script, arguments, key shape and
     /// concurrency on the same server (pipeline 1 and 16) and report tollgate's ratio to it.
     #[arg(long, requires = "redis")]
@@ -104,6 +111,17 @@ enum Probe {
     Check(Limiter),
     /// A bare PING on the instance's connection.
     Ping(redis::aio::MultiplexedConnection),
+    /// The policy's script by a bare EVALSHA: the SHA, the key prefix and suffix, the
+    /// arguments.
+    Script(redis::aio::MultiplexedConnection, Arc<BareScript>),
+}
+
+/// What a bare `EVALSHA` sends besides the key.
+struct BareScript {
+    sha: String,
+    prefix: String,
+    suffix: &'static str,
+    args: Vec<u64>,
 }
 
 /// Outcomes of one iteration.
@@ -150,6 +168,28 @@ impl Probe {
                     .await
                     .map_err(|e| Failure::Other(e.to_string()))?;
                 tally.allowed = 1;
+                tally.shared = 1;
+            }
+            Self::Script(conn, script) => {
+                let key = format!(
+                    "{}{{{}}}:{}",
+                    script.prefix,
+                    keys[0].as_str(),
+                    script.suffix
+                );
+                let reply: Vec<i64> = redis::cmd("EVALSHA")
+                    .arg(&script.sha)
+                    .arg(1)
+                    .arg(key)
+                    .arg(&script.args)
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| Failure::Other(e.to_string()))?;
+                if reply.first() == Some(&1) {
+                    tally.allowed = 1;
+                } else {
+                    tally.denied = 1;
+                }
                 tally.shared = 1;
             }
         }
@@ -321,13 +361,32 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     }
     let mut probes = Vec::with_capacity(args.instances);
     for _ in 0..args.instances {
-        probes.push(if args.ping {
+        probes.push(if args.ping || args.bare_script {
             let url = args.store.redis.as_deref().unwrap_or_default();
-            Probe::Ping(
-                redis::Client::open(url)?
-                    .get_multiplexed_async_connection()
-                    .await?,
-            )
+            let conn = redis::Client::open(url)?
+                .get_multiplexed_async_connection()
+                .await?;
+            if args.ping {
+                Probe::Ping(conn)
+            } else {
+                tollgate::redis::RedisStore::builder(url)
+                    .build()
+                    .await?
+                    .load_scripts()
+                    .await?;
+                let script = tollgate::redis::scripts::for_policy(&args.policy);
+                Probe::Script(
+                    conn,
+                    Arc::new(BareScript {
+                        sha: script.sha().to_owned(),
+                        prefix: args.store.prefix.clone(),
+                        suffix: script.key_suffix(),
+                        args: tollgate::redis::scripts::args(&args.policy, args.cost, true)
+                            .as_slice()
+                            .to_vec(),
+                    }),
+                )
+            }
         } else {
             let mut b = Limiter::builder("load", args.policy)
                 .store(args.store.connect().await?)
@@ -445,6 +504,8 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     let summary = Summary {
         store: if args.ping {
             "redis-ping"
+        } else if args.bare_script {
+            "redis-bare-evalsha"
         } else {
             args.store.label()
         },
