@@ -33,7 +33,8 @@ impl Governing {
     /// Whether `params == caller.normalized()`, without building the normalized form: for a
     /// token bucket the normalized refill is a function of `rate` and `unit`, so equal numbers
     /// and normalized stored parameters are the same test.
-    #[inline]
+    #[allow(clippy::inline_always)] // left out of line otherwise, on every call
+    #[inline(always)]
     fn params_match(&self, caller: &Algorithm) -> bool {
         match (&self.params, caller) {
             (Algorithm::TokenBucket(held), Algorithm::TokenBucket(c)) => {
