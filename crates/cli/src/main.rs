@@ -43,9 +43,12 @@ pub(crate) struct StoreArgs {
     /// Key prefix in Redis.
     #[arg(long, default_value = "tollgate:")]
     prefix: String,
-    /// Use a bb8 connection pool of this size instead of one multiplexed connection.
-    #[arg(long, value_name = "SIZE")]
+    /// Use a bb8 connection pool of this size (default: the store's default pool, 4).
+    #[arg(long, value_name = "SIZE", conflicts_with = "multiplexed")]
     pool: Option<u32>,
+    /// Use one multiplexed connection (redis-rs's ConnectionManager) instead of a pool.
+    #[arg(long)]
+    multiplexed: bool,
     /// Per-call deadline.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -60,9 +63,10 @@ impl StoreArgs {
                 let mut builder = tollgate::redis::RedisStore::builder(url.clone())
                     .prefix(self.prefix.clone())
                     .timeout(self.timeout);
-                builder = match self.pool {
-                    Some(size) => builder.pool(size),
-                    None => builder.multiplexed(),
+                builder = match (self.pool, self.multiplexed) {
+                    (Some(size), _) => builder.pool(size),
+                    (None, true) => builder.multiplexed(),
+                    (None, false) => builder,
                 };
                 let store = builder
                     .build()

@@ -8,7 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use tollgate_core::{KeyError, StoreError};
 
-use crate::connection::{Conn, PoolManager, SentinelConn};
+use crate::connection::{Conn, Pool, SentinelConn};
 use crate::error::classify;
 use crate::store::{Inner, RedisStore};
 
@@ -20,6 +20,14 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The connect timeout used unless [`RedisStoreBuilder::connect_timeout`] sets another.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connections in the pool a store uses unless [`RedisStoreBuilder::multiplexed`] or
+/// [`RedisStoreBuilder::pool`] says otherwise. A pool is the default because it was faster
+/// than one multiplexed connection in `benches/scripts/redis-compare.sh` (token bucket,
+/// 100,000 keys, Redis 7.0 on loopback: 98k vs 66k decisions/s with 16 tasks, 129k vs 125k
+/// with 64, equal with 1 and 4) and no slower anywhere; 4 connections did as well as 16 or
+/// 64 (BENCHMARKS.md).
+pub const DEFAULT_POOL_SIZE: u32 = 4;
 
 /// The longest key prefix accepted, in bytes.
 pub const MAX_PREFIX_LEN: usize = 64;
@@ -141,7 +149,7 @@ impl RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            kind: Kind::Multiplexed,
+            kind: Kind::Pool(DEFAULT_POOL_SIZE),
         }
     }
 
@@ -168,17 +176,18 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Uses one multiplexed connection that reconnects by itself (the default). Every clone of
-    /// the store shares it; concurrent calls are pipelined on it. Only for a single server.
+    /// Uses one multiplexed connection that reconnects by itself (redis-rs's
+    /// `ConnectionManager`) instead of the default pool. Every clone of the store shares it;
+    /// concurrent calls are pipelined on it. Only for a single server.
     pub fn multiplexed(mut self) -> Self {
         self.kind = Kind::Multiplexed;
         self
     }
 
-    /// Uses a bb8 pool of up to `size` multiplexed connections (at least 1). Calls take the
-    /// connections in turn and share them (a call holds none while it waits for its reply), so
-    /// a pool spreads load over `size` sockets without ever queueing a call behind another.
-    /// Only for a single server.
+    /// Uses a bb8 pool of up to `size` multiplexed connections (at least 1; the default is a
+    /// pool of [`DEFAULT_POOL_SIZE`]). Calls take the connections in turn and share them (a
+    /// call holds none while it waits for its reply), so a pool spreads load over `size`
+    /// sockets without ever queueing a call behind another. Only for a single server.
     pub fn pool(mut self, size: u32) -> Self {
         self.kind = Kind::Pool(size.max(1));
         self
@@ -234,14 +243,7 @@ impl RedisStoreBuilder {
                             .map_err(|e| classify(&e))
                     }
                     Kind::Pool(size) => {
-                        let manager = PoolManager::new(client, self.connect_timeout);
-                        let pool = bb8::Pool::builder()
-                            .max_size(size)
-                            .test_on_check_out(false)
-                            .queue_strategy(bb8::QueueStrategy::Fifo)
-                            .connection_timeout(self.connect_timeout)
-                            .build_unchecked(manager);
-                        Ok(Conn::Pool(pool))
+                        Ok(Conn::Pool(Pool::new(client, size, self.connect_timeout)))
                     }
                 }
             }

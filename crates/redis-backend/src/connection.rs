@@ -23,7 +23,7 @@ const MAX_REDIRECTS: usize = 5;
 #[derive(Clone)]
 pub(crate) enum Conn {
     Multiplexed(ConnectionManager),
-    Pool(bb8::Pool<PoolManager>),
+    Pool(Pool),
     Sentinel(Arc<SentinelConn>),
     Cluster(ClusterConnection),
 }
@@ -75,20 +75,87 @@ impl Conn {
 // ---------------------------------------------------------------------------------------------
 // Pool
 
+/// A bb8 pool of multiplexed connections, and the connect errors its background connects meet.
+#[derive(Clone)]
+pub(crate) struct Pool {
+    pool: bb8::Pool<PoolManager>,
+    errors: ConnectErrors,
+}
+
+impl Pool {
+    /// A pool of up to `size` connections to `client`'s server; nothing connects until the
+    /// first call.
+    pub(crate) fn new(client: redis::Client, size: u32, connect_timeout: Duration) -> Self {
+        let errors = ConnectErrors::default();
+        let pool = bb8::Pool::builder()
+            .max_size(size)
+            .test_on_check_out(false)
+            // a failed connect is reported at once (below), not retried until the checkout
+            // times out
+            .retry_connection(false)
+            .error_sink(Box::new(errors.clone()))
+            .queue_strategy(bb8::QueueStrategy::Fifo)
+            .connection_timeout(connect_timeout)
+            .build_unchecked(PoolManager::new(client, connect_timeout));
+        Self { pool, errors }
+    }
+}
+
+/// bb8 makes connections in the background and, when one fails, only tells its error sink;
+/// a caller waiting for a connection would wait until its deadline and learn nothing. This
+/// sink keeps the error and wakes the waiting callers, who fail with it at once: refused
+/// (unavailable, fast) or a wrong password (a loud misconfiguration, not an outage).
+#[derive(Clone, Default)]
+struct ConnectErrors(Arc<ConnectErrorsInner>);
+
+#[derive(Default)]
+struct ConnectErrorsInner {
+    last: Mutex<Option<RedisError>>,
+    failed: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for ConnectErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectErrors")
+    }
+}
+
+impl bb8::ErrorSink<RedisError> for ConnectErrors {
+    fn sink(&self, error: RedisError) {
+        *self.0.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
+        self.0.failed.notify_waiters();
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+        Box::new(self.clone())
+    }
+}
+
 /// Takes a connection from the pool and returns it at once, keeping a clone: a multiplexed
 /// connection is shared safely, so no call waits for another's round trip to finish, and the
 /// pool hands its connections out in turn. Connections flagged broken are dropped on the way.
-async fn checkout(
-    pool: &bb8::Pool<PoolManager>,
-) -> RedisResult<(MultiplexedConnection, Arc<AtomicBool>)> {
+/// A connect that fails while this call waits fails the call with that error.
+async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<AtomicBool>)> {
     loop {
-        let pooled = pool.get().await.map_err(|e| match e {
-            bb8::RunError::User(e) => e,
-            bb8::RunError::TimedOut => RedisError::from(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "timed out waiting for a pooled Redis connection",
-            )),
-        })?;
+        let failed = pool.errors.0.failed.notified();
+        tokio::pin!(failed);
+        failed.as_mut().enable();
+        let pooled = tokio::select! {
+            got = pool.pool.get() => got.map_err(|e| match e {
+                bb8::RunError::User(e) => e,
+                bb8::RunError::TimedOut => RedisError::from(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "timed out waiting for a pooled Redis connection",
+                )),
+            })?,
+            () = &mut failed => {
+                let last = pool.errors.0.last.lock().unwrap_or_else(PoisonError::into_inner);
+                return Err(last.clone().unwrap_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotConnected, "connecting to Redis failed")
+                        .into()
+                }));
+            }
+        };
         // A broken connection goes back now, and bb8 drops it (`has_broken`).
         if !pooled.broken.load(Ordering::Relaxed) {
             return Ok((pooled.conn.clone(), pooled.broken.clone()));

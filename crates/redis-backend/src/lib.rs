@@ -35,7 +35,8 @@ pub mod scripts;
 mod store;
 
 pub use builder::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, RedisStoreBuilder,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
+    RedisStoreBuilder,
 };
 pub use error::classify;
 pub use registry::{Published, RedisRegistry, RegistryError, Subscription};
