@@ -226,26 +226,61 @@ struct Counts {
     errors: AtomicU64,
 }
 
-impl Counts {
-    fn record(&self, outcome: &Result<Tally, Failure>, keys: u64) {
+/// One task's outcomes not yet added to the shared [`Counts`]: tasks add theirs in batches,
+/// so the counting does not contend across threads on every call.
+#[derive(Default)]
+struct Pending {
+    allowed: u64,
+    denied: u64,
+    shared: u64,
+    degraded: u64,
+    bypassed: u64,
+    unavailable: u64,
+    errors: u64,
+    calls: u32,
+}
+
+impl Pending {
+    fn add(&mut self, outcome: &Result<Tally, Failure>, keys: u64) {
+        self.calls += 1;
         match outcome {
             Ok(t) => {
-                self.allowed.fetch_add(t.allowed, Ordering::Relaxed);
-                self.denied.fetch_add(t.denied, Ordering::Relaxed);
-                self.shared.fetch_add(t.shared, Ordering::Relaxed);
-                self.degraded.fetch_add(t.degraded, Ordering::Relaxed);
-                self.bypassed.fetch_add(t.bypassed, Ordering::Relaxed);
+                self.allowed += t.allowed;
+                self.denied += t.denied;
+                self.shared += t.shared;
+                self.degraded += t.degraded;
+                self.bypassed += t.bypassed;
             }
             Err(Failure::Unavailable(_)) => {
-                self.unavailable.fetch_add(keys, Ordering::Relaxed);
-                self.errors.fetch_add(keys, Ordering::Relaxed);
+                self.unavailable += keys;
+                self.errors += keys;
             }
-            Err(Failure::Other(_)) => {
-                self.errors.fetch_add(keys, Ordering::Relaxed);
-            }
+            Err(Failure::Other(_)) => self.errors += keys,
         }
     }
 
+    /// Adds these outcomes to `total` and to `slot`, and starts again from zero.
+    fn flush(&mut self, total: &Counts, slot: &Counts) {
+        for counts in [total, slot] {
+            for (counter, n) in [
+                (&counts.allowed, self.allowed),
+                (&counts.denied, self.denied),
+                (&counts.shared, self.shared),
+                (&counts.degraded, self.degraded),
+                (&counts.bypassed, self.bypassed),
+                (&counts.unavailable, self.unavailable),
+                (&counts.errors, self.errors),
+            ] {
+                if n > 0 {
+                    counter.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+        }
+        *self = Self::default();
+    }
+}
+
+impl Counts {
     fn slot(&self, from: f64) -> Slot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Slot {
@@ -424,6 +459,8 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     .expect("histogram bounds");
                 let mut picked = Vec::with_capacity(batch as usize);
                 let mut iteration = 0u32;
+                let mut pending = Pending::default();
+                let mut current = 0;
                 loop {
                     let n = counters.issued.fetch_add(batch, Ordering::Relaxed);
                     if n >= max_requests || Instant::now() >= deadline {
@@ -450,12 +487,16 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                             .expect("poisoned")
                             .get_or_insert_with(|| e.clone());
                     }
-                    let slot =
-                        (t0.duration_since(started).as_secs_f64() / SLOT.as_secs_f64()) as usize;
-                    let n = picked.len() as u64;
-                    counters.total.record(&result, n);
-                    counters.slots[slot.min(counters.slots.len() - 1)].record(&result, n);
+                    let slot = ((t0.duration_since(started).as_secs_f64() / SLOT.as_secs_f64())
+                        as usize)
+                        .min(counters.slots.len() - 1);
+                    if slot != current || pending.calls >= 256 {
+                        pending.flush(&counters.total, &counters.slots[current]);
+                        current = slot;
+                    }
+                    pending.add(&result, picked.len() as u64);
                 }
+                pending.flush(&counters.total, &counters.slots[current]);
                 hist
             }));
         }
