@@ -74,11 +74,6 @@ local allowed, retry = 0, until_end
 if count + cost <= glimit then allowed, retry, count = 1, -1, count + cost end
 if commit == 1 and (allowed == 1 or changed) then
   local rec = cmsgpack.pack(2, g, pe, glimit, gwindow, start, count)
-  if keep then
-    redis.call('SET', K[1], rec, 'KEEPTTL')
-  else
-    local ms = until_end > 0 and until_end or 1
-    redis.call('SET', K[1], rec, 'PX', (ms - ms % 1000) / 1000 + (ms % 1000 > 0 and 1 or 0))
-  end
+  write(rec, keep, until_end)
 end
 return { allowed, glimit > count and glimit - count or 0, retry, until_end, glimit }

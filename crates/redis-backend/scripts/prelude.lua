@@ -80,6 +80,17 @@ local function slow()
   return h
 end
 
+-- Writes the bucket's record: keeping the key's expiry (a deferral runs out on the old one), or
+-- with a new one of `ttl` microseconds, rounded up to milliseconds (at least 1).
+local function write(value, keep, ttl)
+  if keep then
+    redis.call('SET', K[1], value, 'KEEPTTL')
+  else
+    local ms = ttl > 0 and ttl or 1
+    redis.call('SET', K[1], value, 'PX', (ms - ms % 1000) / 1000 + (ms % 1000 > 0 and 1 or 0))
+  end
+end
+
 -- A caller is newer than a stored record with generation `rg` (and parameters equal to its
 -- own or not, `same`) when its generation is higher, or equal with other parameters. An
 -- older or equal caller is decided under the stored parameters; so is a newer one while a

@@ -150,11 +150,6 @@ if commit == 1 and (allowed == 1 or changed) then
     end
   end
   local value = cmsgpack.pack(3, g, pe, glimit, gwindow) .. kept
-  if keep then
-    redis.call('SET', K[1], value, 'KEEPTTL')
-  else
-    local ms = reset > 0 and reset or 1
-    redis.call('SET', K[1], value, 'PX', (ms - ms % 1000) / 1000 + (ms % 1000 > 0 and 1 or 0))
-  end
+  write(value, keep, reset)
 end
 return { allowed, math.max(glimit - sum, 0), retry, reset, glimit }

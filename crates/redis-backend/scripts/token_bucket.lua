@@ -103,11 +103,6 @@ local reset = (eff - now) + (d - d % grate) / grate + (d % grate > 0 and 1 or 0)
 
 if commit == 1 then
   local rec = cmsgpack.pack(1, g, pe, gcap, gunit, grate, gmax, level, eff)
-  if keep then
-    redis.call('SET', K[1], rec, 'KEEPTTL')
-  else
-    local ms = reset > 0 and reset or 1
-    redis.call('SET', K[1], rec, 'PX', (ms - ms % 1000) / 1000 + (ms % 1000 > 0 and 1 or 0))
-  end
+  write(rec, keep, reset)
 end
 return { allowed, (level - level % gunit) / gunit, retry, reset, gcap }
