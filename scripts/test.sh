@@ -8,11 +8,13 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
+# the TLS tests make their certificates with openssl
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y redis-server redis-tools redis-sentinel
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y redis-server redis-tools redis-sentinel "${need[@]}"
 fi
 # Debian's package may start a system redis on 6379; tests never use it, but stop it so it
 # cannot take CPU from the suite.
