@@ -11,7 +11,8 @@
 //!   the source. Every call has a deadline. Errors are classified by [`classify`].
 //! - **Registry** ([`RedisRegistry`]): named policies with generations, published atomically
 //!   and announced on pub/sub, so a fleet can follow one policy.
-//! - **Connections**: one multiplexed connection that reconnects by itself, or a bb8 pool.
+//! - **Connections**: a bb8 pool of multiplexed connections (4 by default, the faster choice in
+//!   BENCHMARKS.md), or one multiplexed connection that reconnects by itself.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tollgate_core::StoreError> {
