@@ -3,8 +3,9 @@
 //! calls: send a command, send a pipeline.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
@@ -103,15 +104,31 @@ impl Pool {
 
 /// bb8 makes connections in the background and, when one fails, only tells its error sink;
 /// a caller waiting for a connection would wait until its deadline and learn nothing. This
-/// sink keeps the error and wakes the waiting callers, who fail with it at once: refused
-/// (unavailable, fast) or a wrong password (a loud misconfiguration, not an outage).
+/// sink keeps the error, counts it, and wakes the waiting callers, who fail with it at once:
+/// refused (unavailable, fast) or a wrong password (a loud misconfiguration, not an outage).
 #[derive(Clone, Default)]
 struct ConnectErrors(Arc<ConnectErrorsInner>);
 
 #[derive(Default)]
 struct ConnectErrorsInner {
     last: Mutex<Option<RedisError>>,
+    /// Connect failures so far: a caller that saw it change while it set up its wait missed
+    /// the wake-up, and fails with the error all the same.
+    count: AtomicU64,
     failed: tokio::sync::Notify,
+}
+
+impl ConnectErrors {
+    fn count(&self) -> u64 {
+        self.0.count.load(Ordering::Acquire)
+    }
+
+    fn last(&self) -> RedisError {
+        let last = self.0.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.clone().unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "connecting to Redis failed").into()
+        })
+    }
 }
 
 impl std::fmt::Debug for ConnectErrors {
@@ -123,6 +140,7 @@ impl std::fmt::Debug for ConnectErrors {
 impl bb8::ErrorSink<RedisError> for ConnectErrors {
     fn sink(&self, error: RedisError) {
         *self.0.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
+        self.0.count.fetch_add(1, Ordering::Release);
         self.0.failed.notify_waiters();
     }
 
@@ -131,29 +149,42 @@ impl bb8::ErrorSink<RedisError> for ConnectErrors {
     }
 }
 
+fn pool_error(e: bb8::RunError<RedisError>) -> RedisError {
+    match e {
+        bb8::RunError::User(e) => e,
+        bb8::RunError::TimedOut => RedisError::from(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "timed out waiting for a pooled Redis connection",
+        )),
+    }
+}
+
 /// Takes a connection from the pool and returns it at once, keeping a clone: a multiplexed
 /// connection is shared safely, so no call waits for another's round trip to finish, and the
 /// pool hands its connections out in turn. Connections flagged broken are dropped on the way.
-/// A connect that fails while this call waits fails the call with that error.
+///
+/// The usual case — an idle connection, handed out on the first poll — costs one atomic load
+/// more than `get()`. Only a call that has to wait for a connection registers for the
+/// connect-failure wake-up, and fails with that error if a connect fails meanwhile.
 async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<AtomicBool>)> {
     loop {
-        let failed = pool.errors.0.failed.notified();
-        tokio::pin!(failed);
-        failed.as_mut().enable();
-        let pooled = tokio::select! {
-            got = pool.pool.get() => got.map_err(|e| match e {
-                bb8::RunError::User(e) => e,
-                bb8::RunError::TimedOut => RedisError::from(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "timed out waiting for a pooled Redis connection",
-                )),
-            })?,
-            () = &mut failed => {
-                let last = pool.errors.0.last.lock().unwrap_or_else(PoisonError::into_inner);
-                return Err(last.clone().unwrap_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotConnected, "connecting to Redis failed")
-                        .into()
-                }));
+        let failures = pool.errors.count();
+        let get = pool.pool.get();
+        tokio::pin!(get);
+        let first = std::future::poll_fn(|cx| Poll::Ready(get.as_mut().poll(cx))).await;
+        let pooled = match first {
+            Poll::Ready(got) => got.map_err(pool_error)?,
+            Poll::Pending => {
+                let failed = pool.errors.0.failed.notified();
+                tokio::pin!(failed);
+                failed.as_mut().enable();
+                if pool.errors.count() != failures {
+                    return Err(pool.errors.last());
+                }
+                tokio::select! {
+                    got = &mut get => got.map_err(pool_error)?,
+                    () = &mut failed => return Err(pool.errors.last()),
+                }
             }
         };
         // A broken connection goes back now, and bb8 drops it (`has_broken`).
