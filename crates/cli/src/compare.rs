@@ -1,16 +1,24 @@
-//! `tollgate load --redis URL --compare-redis-benchmark`: runs `redis-benchmark` with the very
-//! script, arguments and key shape tollgate used, on the same server, right after tollgate's own
-//! run, and reports tollgate's decisions/s as a ratio of that ceiling. On a shared, noisy
+//! `tollgate load --redis URL --compare-redis-benchmark`: runs the very script, argument and key
+//! shape tollgate used, on the same server, right after tollgate's own run, the way
+//! `redis-benchmark -c C -P P -r KEYS` would (C connections, each sending P `EVALSHA` at a time
+//! and waiting for their replies, no limiter code), and reports tollgate's decisions/s as a
+//! ratio of that ceiling. redis-benchmark itself cannot run it: the script's one argument is
+//! binary (MessagePack, see `tollgate_redis::scripts`) and redis-benchmark cuts an argument at
+//! its first NUL byte, so the same loop is driven here over raw connections. On a shared, noisy
 //! machine only ratios measured in one run mean anything.
 
-use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 use tollgate::Policy;
 use tollgate::redis::{RedisStore, scripts};
 
-/// One `redis-benchmark` measurement.
+/// One ceiling measurement.
 #[derive(Debug, Serialize)]
 pub(crate) struct Ceiling {
     /// Concurrent clients (`-c`).
@@ -19,7 +27,7 @@ pub(crate) struct Ceiling {
     pub pipeline: usize,
     /// Requests sent (`-n`).
     pub requests: u64,
-    /// What redis-benchmark reported.
+    /// Requests per second over the run.
     pub requests_per_sec: f64,
     /// tollgate's decisions/s divided by this ceiling.
     pub tollgate_ratio: f64,
@@ -34,7 +42,7 @@ struct Endpoint {
 
 fn endpoint(url: &str) -> Result<Endpoint> {
     let rest = url.strip_prefix("redis://").context(
-        "--compare-redis-benchmark needs a redis:// URL (redis-benchmark here has no TLS)",
+        "--compare-redis-benchmark needs a redis:// URL (its ceiling driver has no TLS)",
     )?;
     let rest = rest.split('/').next().unwrap_or(rest);
     let (auth, hostport) = match rest.rsplit_once('@') {
@@ -60,8 +68,8 @@ fn endpoint(url: &str) -> Result<Endpoint> {
     })
 }
 
-/// Runs redis-benchmark on the script tollgate used for `policy`, with `clients` connections,
-/// `requests` requests over `keys` random keys, for each pipeline depth.
+/// Runs the script tollgate used for `policy` bare, with `clients` connections, `requests`
+/// requests over `keys` random keys, for each pipeline depth (1 and 16).
 #[allow(clippy::too_many_arguments)] // one call site, every value named there
 pub(crate) async fn run(
     url: &str,
@@ -73,7 +81,7 @@ pub(crate) async fn run(
     requests: u64,
     tollgate_rate: f64,
 ) -> Result<Vec<Ceiling>> {
-    let ep = endpoint(url)?;
+    let ep = Arc::new(endpoint(url)?);
     // The script must be in the server's cache for EVALSHA.
     RedisStore::builder(url)
         .build()
@@ -81,41 +89,28 @@ pub(crate) async fn run(
         .load_scripts()
         .await?;
     let script = scripts::for_policy(policy);
-    let key = format!("{prefix}{{load:k__rand_int__}}:{}", script.key_suffix());
+    let bare = Arc::new(Bare {
+        sha: script.sha().to_owned(),
+        prefix: prefix.to_owned(),
+        suffix: script.key_suffix(),
+        args: scripts::args(policy, cost, true),
+        keys: keys.max(1) as u64,
+    });
     let mut out = Vec::new();
     for pipeline in [1usize, 16] {
-        let mut cmd = Command::new("redis-benchmark");
-        cmd.args(["-h", &ep.host, "-p", &ep.port.to_string()]);
-        if let Some(u) = &ep.user {
-            cmd.args(["--user", u]);
+        let left = Arc::new(AtomicU64::new(requests));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..clients.max(1) {
+            let (ep, bare, left) = (ep.clone(), bare.clone(), left.clone());
+            tasks.push(tokio::spawn(async move {
+                client(&ep, &bare, pipeline, &left, c as u64).await
+            }));
         }
-        if let Some(p) = &ep.password {
-            cmd.args(["-a", p]);
+        for t in tasks {
+            t.await.context("a ceiling client panicked")??;
         }
-        cmd.args(["-c", &clients.to_string(), "-n", &requests.to_string()])
-            .args([
-                "-P",
-                &pipeline.to_string(),
-                "-r",
-                &keys.max(1).to_string(),
-                "--csv",
-            ])
-            .args(["EVALSHA", script.sha(), "1", &key]);
-        for a in scripts::args(policy, cost, true).as_slice() {
-            cmd.arg(a.to_string());
-        }
-        let output = cmd
-            .output()
-            .context("running redis-benchmark (apt-get install redis-tools)")?;
-        if !output.status.success() {
-            bail!(
-                "redis-benchmark failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        let text = String::from_utf8_lossy(&output.stdout);
-        let rps = parse_csv_rps(&text)
-            .with_context(|| format!("unexpected redis-benchmark output: {text}"))?;
+        let rps = requests as f64 / start.elapsed().as_secs_f64();
         out.push(Ceiling {
             clients,
             pipeline,
@@ -127,13 +122,107 @@ pub(crate) async fn run(
     Ok(out)
 }
 
-/// The requests/s of the last data line of `redis-benchmark --csv`.
-fn parse_csv_rps(text: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with("\"test\""))
-        .filter_map(|l| l.split(',').nth(1))
-        .filter_map(|f| f.trim_matches('"').parse::<f64>().ok())
-        .next_back()
+/// What every ceiling command carries.
+struct Bare {
+    sha: String,
+    prefix: String,
+    suffix: &'static str,
+    args: scripts::Args,
+    keys: u64,
+}
+
+/// One connection: `pipeline` commands at a time, each on a random key (as redis-benchmark's
+/// `__rand_int__`: 12 digits), until `left` runs out.
+async fn client(
+    ep: &Endpoint,
+    bare: &Bare,
+    pipeline: usize,
+    left: &AtomicU64,
+    seed: u64,
+) -> Result<()> {
+    let stream = TcpStream::connect((ep.host.as_str(), ep.port))
+        .await
+        .with_context(|| format!("connecting to {}:{}", ep.host, ep.port))?;
+    stream.set_nodelay(true)?;
+    let mut conn = BufReader::new(stream);
+    let mut line = Vec::new();
+    if let Some(password) = &ep.password {
+        let mut auth = vec!["AUTH".as_bytes()];
+        if let Some(user) = &ep.user {
+            auth.push(user.as_bytes());
+        }
+        auth.push(password.as_bytes());
+        let mut buf = Vec::new();
+        command(&mut buf, &auth);
+        conn.get_mut().write_all(&buf).await?;
+        line.clear();
+        conn.read_until(b'\n', &mut line).await?;
+        if !line.starts_with(b"+OK") {
+            bail!("AUTH failed: {}", String::from_utf8_lossy(&line).trim_end());
+        }
+    }
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut buf = Vec::new();
+    loop {
+        let n = left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                l.checked_sub((pipeline as u64).min(l)).filter(|_| l > 0)
+            })
+            .map_or(0, |l| (pipeline as u64).min(l));
+        if n == 0 {
+            return Ok(());
+        }
+        buf.clear();
+        for _ in 0..n {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let key = format!(
+                "{}{{load:k{:012}}}:{}",
+                bare.prefix,
+                rng % bare.keys,
+                bare.suffix
+            );
+            command(
+                &mut buf,
+                &[
+                    b"EVALSHA",
+                    bare.sha.as_bytes(),
+                    b"1",
+                    key.as_bytes(),
+                    bare.args.as_bytes(),
+                ],
+            );
+        }
+        conn.get_mut().write_all(&buf).await?;
+        // each reply: an array of integers, or an error
+        for _ in 0..n {
+            line.clear();
+            conn.read_until(b'\n', &mut line).await?;
+            match line.first() {
+                Some(b'*') => {
+                    let items: usize = std::str::from_utf8(&line[1..])?.trim_end().parse()?;
+                    for _ in 0..items {
+                        line.clear();
+                        conn.read_until(b'\n', &mut line).await?;
+                    }
+                }
+                Some(b'-') => bail!("the script failed: {}", String::from_utf8_lossy(&line)),
+                Some(_) => {}
+                None => bail!("the server closed the connection"),
+            }
+        }
+    }
+}
+
+/// Appends one command in the Redis protocol.
+fn command(buf: &mut Vec<u8>, parts: &[&[u8]]) {
+    buf.extend_from_slice(format!("*{}\r\n", parts.len()).as_bytes());
+    for p in parts {
+        buf.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
+        buf.extend_from_slice(p);
+        buf.extend_from_slice(b"\r\n");
+    }
 }
 
 #[cfg(test)]
@@ -141,7 +230,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_endpoints_and_csv() {
+    fn parses_endpoints_and_writes_commands() {
         let e = endpoint("redis://u:p@127.0.0.1:7001/0").unwrap();
         assert_eq!(
             (
@@ -157,7 +246,8 @@ mod tests {
             (e.port, e.user, e.password.as_deref()),
             (6379, None, Some("secret"))
         );
-        let csv = "\"test\",\"rps\",\"avg_latency_ms\"\n\"EVALSHA x\",\"41234.50\",\"1.2\"\n";
-        assert_eq!(parse_csv_rps(csv), Some(41234.5));
+        let mut buf = Vec::new();
+        command(&mut buf, &[b"GET", b"a\0b"]);
+        assert_eq!(buf, b"*2\r\n$3\r\nGET\r\n$3\r\na\0b\r\n");
     }
 }

@@ -2,65 +2,91 @@
 -- Mirrors tollgate_core::algorithm::fixed_window::apply exactly, after the prelude's
 -- policy-change rules.
 -- KEYS[1] bucket key
--- ARGV    limit, window_us, generation, transition (0 reset, 1 carry, 2 proportional,
---         3 defer), cost, commit (1 acquire, 0 peek)
+-- ARGV[1] head: 2, generation, 0, limit, window_us; then transition (0 reset, 1 carry,
+--         2 proportional, 3 defer), cost, commit (1 acquire, 0 peek) — MessagePack integers,
+--         see the prelude
 -- record  2, generation, pending, limit, window_us, window_start_us, count
 -- returns {allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
 --          retry_after_us (-1 when allowed), reset_after_us, governing limit}
-local ok, limit, window, gen, rule, cost, commit
-if #K == 1 and #A == 6 then ok, limit, window, gen, rule, cost, commit = pcall(numbers, 6) end
-if not (ok and limit >= 1 and limit <= MAX and limit % 1 == 0 and window >= 1
-    and window <= MAX and window % 1 == 0 and gen >= 0 and gen <= MAX and gen % 1 == 0
-    and rule >= 0 and rule <= 3 and rule % 1 == 0 and cost >= 1 and cost <= MAX
-    and cost % 1 == 0 and (commit == 0 or commit == 1)) then
-  return slow().refuse({ 'limit', 1, MAX, 'window_us', 1, MAX, 'generation', 0, MAX,
-    'transition', 0, 3, 'cost', 1, MAX, 'commit', 0, 1 })
-end
-if cost > limit then return bad('cost exceeds limit') end
-
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-
--- the governing parameters, generation and pending deferral; the stored window and count
-local glimit, gwindow, g, pe, changed, keep = limit, window, gen, 0, true, false
-local st, cnt
 local raw = redis.call('GET', K[1])
--- the record's fields, or nothing when it is malformed (a missing bucket): a non-number
--- fails its comparison inside the pcall
-local function record()
-  local tag, rg, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
-  if tag == 2 and rcount and extra == nil and rg >= 0 and rg <= MAX and rpe >= 0
-      and rpe <= MAX + 1 and rlimit >= 1 and rlimit <= MAX and rwindow >= 1
-      and rwindow <= MAX and rstart >= 0 and rstart <= MAX * 2 and rcount >= 0
-      and rcount <= MAX then
-    return rg, rpe, rlimit, rwindow, rstart, rcount
+
+-- The arguments, checked, and the stored window and count when the record `raw` starts with
+-- the caller's head; nothing when an argument is invalid (a non-number fails its comparison
+-- inside the pcall).
+local function decode(raw)
+  local max, arg = 2 ^ 52, ARGV[1]
+  local n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
+  local e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n)
+  if not (e == -1 and #KEYS == 1 and #ARGV == 1 and tag == 2 and pe == 0 and gen >= 0
+      and gen <= max and gen % 1 == 0 and limit >= 1 and limit <= max and limit % 1 == 0
+      and window >= 1 and window <= max and window % 1 == 0 and rule >= 0 and rule <= 3
+      and rule % 1 == 0 and cost >= 1 and cost <= limit and cost % 1 == 0
+      and (commit == 0 or commit == 1)) then
+    return
   end
+  local head, start, count = string.sub(arg, 1, n)
+  if raw and string.sub(raw, 1, n) == head then
+    e, start, count = cmsgpack.unpack_limit(raw, 2, n)
+    if not (e == -1 and start >= 0 and start <= max * 2 and count >= 0 and count <= max) then
+      start, count = nil, nil
+    end
+  end
+  return head, gen, limit, window, rule, cost, commit, start, count
 end
-local rg, rpe, rlimit, rwindow, rstart, rcount
-if raw then ok, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(record) end
-if ok and rcount then
-  local newer = gen > rg or (gen == rg and not (rlimit == limit and rwindow == window))
-  if newer and rpe <= gen and rule ~= 3 then
-    -- convert: what the current window has used under the old parameters; then the rule
-    local eff, used = now, 0
-    if rstart >= now - now % rwindow then
-      eff, used = rstart > now and rstart or now, rcount
+local ok, head, gen, limit, window, rule, cost, commit, st, cnt = pcall(decode, raw)
+-- a record after the caller's head that is not MessagePack raised: the arguments alone
+if not ok then ok, head, gen, limit, window, rule, cost, commit = pcall(decode, nil) end
+if not (ok and head) then
+  return slow().refuse({ 'tag', 2, 2, 'generation', 0, MAX, 'pending', 0, 0, 'limit', 1, MAX,
+    'window_us', 1, MAX, 'transition', 0, 3, 'cost', 1, MAX, 'commit', 0, 1 }, function(v)
+    if v[7] > v[4] then return 'cost exceeds limit' end
+  end)
+end
+
+-- the governing parameters, generation and pending deferral, whether they are the caller's
+-- head (then the record is written as head .. state); the stored window and count
+local glimit, gwindow, g, pe, own, changed, keep = limit, window, gen, 0, true, st == nil, false
+if raw and not cnt then
+  -- The general path: a record of other parameters, generation or a pending deferral (or a
+  -- malformed one: a missing bucket). Its fields, or nothing: a non-number fails its
+  -- comparison inside the pcall.
+  local function record()
+    local tag, rg, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
+    if tag == 2 and rcount and extra == nil and rg >= 0 and rg <= MAX and rpe >= 0
+        and rpe <= MAX + 1 and rlimit >= 1 and rlimit <= MAX and rwindow >= 1
+        and rwindow <= MAX and rstart >= 0 and rstart <= MAX * 2 and rcount >= 0
+        and rcount <= MAX then
+      return rg, rpe, rlimit, rwindow, rstart, rcount
     end
-    st = eff - eff % window
-    if rule == 1 then
-      cnt = used
-    elseif rule == 2 then
-      cnt = limit - slow().muldiv(rlimit - (used < rlimit and used or rlimit), limit, rlimit, limit)
+  end
+  local rg, rpe, rlimit, rwindow, rstart, rcount
+  ok, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(record)
+  if ok and rcount then
+    local newer = gen > rg or (gen == rg and not (rlimit == limit and rwindow == window))
+    if newer and rpe <= gen and rule ~= 3 then
+      -- convert: what the current window has used under the old parameters; then the rule
+      local eff, used = now, 0
+      if rstart >= now - now % rwindow then
+        eff, used = rstart > now and rstart or now, rcount
+      end
+      st = eff - eff % window
+      if rule == 1 then
+        cnt = used
+      elseif rule == 2 then
+        cnt = limit - slow().muldiv(rlimit - (used < rlimit and used or rlimit), limit, rlimit, limit)
+      else
+        cnt = 0
+      end
     else
-      cnt = 0
-    end
-  else
-    -- the stored parameters govern; a newer caller with rule 3 starts a deferral
-    glimit, gwindow, g, st, cnt = rlimit, rwindow, rg, rstart, rcount
-    if newer and rpe <= gen then
-      pe, keep = gen + 1, true
-    else
-      pe, changed, keep = rpe, false, rpe > 0
+      -- the stored parameters govern; a newer caller with rule 3 starts a deferral
+      glimit, gwindow, g, st, cnt, own = rlimit, rwindow, rg, rstart, rcount, false
+      if newer and rpe <= gen then
+        pe, keep = gen + 1, true
+      else
+        pe, changed, keep = rpe, false, rpe > 0
+      end
     end
   end
 end
@@ -72,8 +98,29 @@ if st and st >= start then start, count = st, cnt end
 local until_end = start + gwindow - now
 local allowed, retry = 0, until_end
 if count + cost <= glimit then allowed, retry, count = 1, -1, count + cost end
+
+-- the record to write (epilogue.lua; a denial writes only a policy change), and the reply
+local rec, ttl
 if commit == 1 and (allowed == 1 or changed) then
-  local rec = cmsgpack.pack(2, g, pe, glimit, gwindow, start, count)
-  write(rec, keep, until_end)
+  ttl = until_end
+  if own and start >= 4294967296 then
+    -- head .. start, count in one struct.pack: start (a time, 2^32 and up) as uint64, count
+    -- in its smallest MessagePack encoding (as cmsgpack.pack writes it)
+    if count < 128 then
+      rec = struct.pack('>c0BI8B', head, 0xcf, start, count)
+    elseif count < 256 then
+      rec = struct.pack('>c0BI8BB', head, 0xcf, start, 0xcc, count)
+    elseif count < 65536 then
+      rec = struct.pack('>c0BI8BH', head, 0xcf, start, 0xcd, count)
+    elseif count < 4294967296 then
+      rec = struct.pack('>c0BI8BI4', head, 0xcf, start, 0xce, count)
+    else
+      rec = struct.pack('>c0BI8BI8', head, 0xcf, start, 0xcf, count)
+    end
+  elseif own then
+    rec = head .. cmsgpack.pack(start, count)
+  else
+    rec = cmsgpack.pack(2, g, pe, glimit, gwindow, start, count)
+  end
 end
-return { allowed, glimit > count and glimit - count or 0, retry, until_end, glimit }
+local remaining, reset, limit = glimit > count and glimit - count or 0, until_end, glimit

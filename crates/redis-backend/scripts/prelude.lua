@@ -1,59 +1,68 @@
--- tollgate script prelude, prepended to every algorithm's script: argument reading, the
--- refusal messages and the exact integer helpers of the rare paths. Mirrors
--- tollgate_core::algorithm (mod.rs, transition.rs) exactly, with the algorithm's file.
+-- tollgate script prelude, prepended to every algorithm's script: the argument and record
+-- layouts, and the helpers of the rare paths. Mirrors tollgate_core::algorithm (mod.rs,
+-- transition.rs) exactly, with the algorithm's file.
 --
 -- A record is one STRING: MessagePack values one after the other (cmsgpack.pack(a, b, ...),
 -- each integer in its smallest encoding): a tag (1 token bucket, 2 fixed window, 3 sliding
 -- log), the generation, pending (0 = none, else the deferring generation + 1), the
 -- parameters, then the algorithm's state. Every number is an integer below 2^53.
 --
--- Cost: every decision runs one of these scripts inside Redis, where each C call (even
--- `tonumber`), each closure, table or string is dear next to plain arithmetic. So the hot
--- path reads arguments by Lua's string coercion inside one pcall, reads and writes a record
--- with one cmsgpack call each, and keeps its numbers in locals; helpers that only rare paths
--- need (refusal messages, the exact mul-div of a policy conversion) are built by `slow()`
--- when such a path runs. BENCHMARKS.md has the instruction counts behind these choices.
+-- The arguments: KEYS[1] is the bucket key and ARGV[1] one string of MessagePack integers,
+-- encoded by the Rust client (scripts.rs): the *head* of the record the caller would write —
+-- tag, generation, 0, the parameters, in those exact bytes — then the transition rule (0
+-- reset, 1 carry, 2 proportional, 3 defer), cost and commit (1 acquire, 0 peek, which never
+-- writes). Whenever the caller's generation and parameters govern with no deferral pending
+-- (every call but those of a policy change), a script compares the stored record's first
+-- bytes with the head (Lua strings are interned: once the substring exists the comparison is
+-- a pointer compare), decodes only the state after them, and writes the head's bytes as they
+-- are followed by the new state; other cases take the general path.
+--
+-- Cost: every decision runs one of these scripts inside Redis, where each argument, C call,
+-- table, string and closure is dear next to plain arithmetic, and a closure that captures a
+-- local of the script dearer still (one more allocation per captured local, per call). So the
+-- hot path decodes its one argument in one pcall of a function that captures nothing, keeps
+-- its numbers in locals, writes the state with one struct.pack, and the helpers that only rare
+-- paths need (refusal messages, the exact mul-div of a policy conversion) are built by
+-- `slow()`, which captures nothing, when such a path runs. The record is written by
+-- epilogue.lua, appended to every script, rather than by a helper function (one closure and
+-- one call less per decision). BENCHMARKS.md has the instruction counts behind these choices.
 local MAX = 4503599627370496 -- 2^52
 local K, A = KEYS, ARGV
-local function bad(what) return redis.error_reply('ERR tollgate: ' .. what) end
-
--- The arguments as numbers (string coercion: no C call), raising on a non-numeric one; run
--- under pcall. Ranges and integrality are the caller's checks (`n % 1 == 0` is false for
--- NaN and the infinities).
-local function numbers(count)
-  if count == 8 then
-    return A[1] + 0, A[2] + 0, A[3] + 0, A[4] + 0, A[5] + 0, A[6] + 0, A[7] + 0, A[8] + 0
-  end
-  return A[1] + 0, A[2] + 0, A[3] + 0, A[4] + 0, A[5] + 0, A[6] + 0
-end
 
 -- The helpers of the rare paths.
 local function slow()
-  local h = {}
-  -- The refusal for the first bad argument: `spec` lists name, lo, hi per argument.
-  function h.refuse(spec)
+  local h, max = {}, 2 ^ 52
+  function h.bad(what) return redis.error_reply('ERR tollgate: ' .. what) end
+  -- The refusal for the first bad argument. `spec` lists name, lo, hi for each value of
+  -- ARGV[1] (fields of equal lo and hi are fixed); `cross(v)` names a failed check between
+  -- values (v: the values in order), once each is in its range.
+  function h.refuse(spec, cross)
     local count = #spec / 3
-    if #K ~= 1 then return bad('expected 1 key') end
-    if #A ~= count then
-      local names = {}
-      for i = 1, count do names[i] = spec[3 * i - 2] end
-      return bad('expected ' .. count .. ' arguments: ' .. table.concat(names, ' '))
+    local names = {}
+    for i = 1, count do names[i] = spec[3 * i - 2] end
+    local layout = count .. ' MessagePack integers: ' .. table.concat(names, ', ')
+    if #KEYS ~= 1 then return h.bad('expected 1 key') end
+    if #ARGV ~= 1 then return h.bad('expected 1 argument of ' .. layout) end
+    local v = { pcall(cmsgpack.unpack, ARGV[1]) }
+    if not v[1] or select('#', unpack(v)) ~= count + 1 then
+      return h.bad('the argument must be ' .. layout)
     end
+    table.remove(v, 1)
     for i = 1, count do
-      local lo, hi = spec[3 * i - 1], spec[3 * i]
-      local n = string.find(A[i], '^%d+$') and tonumber(A[i])
-      if not n or n < lo or n > hi then
-        local top = hi == MAX and '2^52' or tostring(hi)
-        return bad(spec[3 * i - 2] .. ' must be an integer in [' .. lo .. ', ' .. top .. ']')
+      local n, lo, hi = v[i], spec[3 * i - 1], spec[3 * i]
+      if type(n) ~= 'number' or n % 1 ~= 0 or n < lo or n > hi then
+        if lo == hi then return h.bad(spec[3 * i - 2] .. ' must be ' .. lo) end
+        local top = hi == max and '2^52' or tostring(hi)
+        return h.bad(spec[3 * i - 2] .. ' must be an integer in [' .. lo .. ', ' .. top .. ']')
       end
     end
-    return bad('invalid arguments')
+    return h.bad(cross(v) or 'invalid arguments')
   end
   -- min(floor(a * b / c), mx) exactly, for a, b < 2^53, 1 <= c <= 2^52, mx <= 2^52.
   function h.muldiv(a, b, c, mx)
     local floor = math.floor
     local p = a * b
-    if p <= MAX then
+    if p <= max then
       local q = floor(p / c)
       local r = p - q * c
       if r < 0 then q = q - 1 elseif r >= c then q = q + 1 end
@@ -65,7 +74,7 @@ local function slow()
     local base = qa * b
     if base > mx then return mx end
     -- floor(ra * b / c) bit by bit over b, remainder kept below c
-    local q, r, bit, rest = 0, 0, MAX, b
+    local q, r, bit, rest = 0, 0, max, b
     while bit >= 1 do
       q, r = q * 2, r * 2
       if r >= c then q, r = q + 1, r - c end
@@ -78,17 +87,6 @@ local function slow()
     return math.min(base + q, mx)
   end
   return h
-end
-
--- Writes the bucket's record: keeping the key's expiry (a deferral runs out on the old one), or
--- with a new one of `ttl` microseconds, rounded up to milliseconds (at least 1).
-local function write(value, keep, ttl)
-  if keep then
-    redis.call('SET', K[1], value, 'KEEPTTL')
-  else
-    local ms = ttl > 0 and ttl or 1
-    redis.call('SET', K[1], value, 'PX', (ms - ms % 1000) / 1000 + (ms % 1000 > 0 and 1 or 0))
-  end
 end
 
 -- A caller is newer than a stored record with generation `rg` (and parameters equal to its

@@ -2,78 +2,94 @@
 -- Mirrors tollgate_core::algorithm::sliding_log::apply exactly, after the prelude's
 -- policy-change rules.
 -- KEYS[1] bucket key
--- ARGV    limit (<= 1000), window_us, generation, transition (0 reset, 1 carry,
---         2 proportional, 3 defer), cost, commit (1 acquire, 0 peek)
+-- ARGV[1] head: 3, generation, 0, limit (<= 1000), window_us; then transition (0 reset,
+--         1 carry, 2 proportional, 3 defer), cost, commit (1 acquire, 0 peek) — MessagePack
+--         integers, see the prelude
 -- record  3, generation, pending, limit, window_us (MessagePack); then (time_us, cost) pairs,
 --         each struct.pack('<dd', t, c), oldest first, times strictly rising; at most 1000
 --         entries, so every call's work is bounded.
 -- returns {allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
 --          retry_after_us (-1 when allowed), reset_after_us, governing limit}
 local MAX_ENTRIES = 1000
-local ok, limit, window, gen, rule, cost, commit
-if #K == 1 and #A == 6 then ok, limit, window, gen, rule, cost, commit = pcall(numbers, 6) end
-if not (ok and limit >= 1 and limit <= MAX_ENTRIES and limit % 1 == 0 and window >= 1
-    and window <= MAX and window % 1 == 0 and gen >= 0 and gen <= MAX and gen % 1 == 0
-    and rule >= 0 and rule <= 3 and rule % 1 == 0 and cost >= 1 and cost <= MAX
-    and cost % 1 == 0 and (commit == 0 or commit == 1)) then
-  return slow().refuse({ 'limit', 1, MAX_ENTRIES, 'window_us', 1, MAX, 'generation', 0, MAX,
-    'transition', 0, 3, 'cost', 1, MAX, 'commit', 0, 1 })
+-- The arguments, checked; nothing when one is invalid (a non-number fails its comparison
+-- inside the pcall).
+local function decode()
+  local max, arg = 2 ^ 52, ARGV[1]
+  local n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
+  local e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n)
+  if e == -1 and #KEYS == 1 and #ARGV == 1 and tag == 3 and pe == 0 and gen >= 0
+      and gen <= max and gen % 1 == 0 and limit >= 1 and limit <= 1000 and limit % 1 == 0
+      and window >= 1 and window <= max and window % 1 == 0 and rule >= 0 and rule <= 3
+      and rule % 1 == 0 and cost >= 1 and cost <= limit and cost % 1 == 0
+      and (commit == 0 or commit == 1) then
+    return string.sub(arg, 1, n), gen, limit, window, rule, cost, commit
+  end
 end
-if cost > limit then return bad('cost exceeds limit') end
+local ok, head, gen, limit, window, rule, cost, commit = pcall(decode)
+if not (ok and head) then
+  return slow().refuse({ 'tag', 3, 3, 'generation', 0, MAX, 'pending', 0, 0, 'limit', 1,
+    MAX_ENTRIES, 'window_us', 1, MAX, 'transition', 0, 3, 'cost', 1, MAX, 'commit', 0, 1 },
+    function(v)
+      if v[7] > v[4] then return 'cost exceeds limit' end
+    end)
+end
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
 local raw = redis.call('GET', K[1])
--- the record: header fields and entries, or nothing when it is malformed (a missing
--- bucket): a non-number fails its comparison inside the pcall
-local function record()
-  local unpack = struct.unpack
+-- the stored record `sr`: header fields and entries, or nothing when it is malformed (a missing
+-- bucket): a non-number fails its comparison inside the pcall. Captures no local.
+local function record(raw)
+  local unpack, max = struct.unpack, 2 ^ 52
   local next, tag, rg, rpe, rlimit, rwindow = cmsgpack.unpack_limit(raw, 5)
-  if not (tag == 3 and rwindow and rg >= 0 and rg <= MAX and rpe >= 0 and rpe <= MAX + 1
-      and rlimit >= 1 and rlimit <= MAX_ENTRIES and rwindow >= 1 and rwindow <= MAX) then
+  if not (tag == 3 and rwindow and rg >= 0 and rg <= max and rpe >= 0 and rpe <= max + 1
+      and rlimit >= 1 and rlimit <= 1000 and rwindow >= 1 and rwindow <= max) then
     return nil
   end
   local base = next < 0 and #raw + 1 or next + 1
-  if (#raw - base + 1) % 16 ~= 0 or #raw - base + 1 > 16 * MAX_ENTRIES then return nil end
-  local rec = { gen = rg, pe = rpe, params = { rlimit, rwindow }, base = base, times = {},
+  if (#raw - base + 1) % 16 ~= 0 or #raw - base + 1 > 16 * 1000 then return nil end
+  local sr = { gen = rg, pe = rpe, params = { rlimit, rwindow }, base = base, times = {},
     costs = {}, n = 0 }
   local pos, prev = base, -1
   while pos < #raw do
     local et, ec
     et, ec, pos = unpack('<dd', raw, pos)
-    if not (et > prev and et <= MAX * 2 and ec >= 1 and ec <= MAX and et % 1 == 0
+    if not (et > prev and et <= max * 2 and ec >= 1 and ec <= max and et % 1 == 0
         and ec % 1 == 0) then
       return nil
     end
-    rec.n = rec.n + 1
-    rec.times[rec.n], rec.costs[rec.n], prev = et, ec, et
+    sr.n = sr.n + 1
+    sr.times[sr.n], sr.costs[sr.n], prev = et, ec, et
   end
-  return rec
+  return sr
 end
-local rec
+local sr
 if raw then
-  ok, rec = pcall(record)
-  if not ok then rec = nil end
+  ok, sr = pcall(record, raw)
+  if not ok then sr = nil end
 end
 
-local glimit, gwindow, g, pe, changed, keep = limit, window, gen, 0, true, false
+-- own: the governing generation and parameters are the caller's head, no deferral pending
+-- (then the record is written as head .. entries)
+local glimit, gwindow, g, pe, changed, keep, own = limit, window, gen, 0, true, false, true
 -- base: where the entries start in `raw` while they are the stored ones, unconverted
 local times, costs, n, base = {}, {}, 0, nil
-if rec then
-  local o = rec.params
-  local newer = gen > rec.gen or (gen == rec.gen and not (o[1] == limit and o[2] == window))
-  if not newer or rec.pe > gen or rule == 3 then
+if sr then
+  local o = sr.params
+  local newer = gen > sr.gen or (gen == sr.gen and not (o[1] == limit and o[2] == window))
+  if not newer or sr.pe > gen or rule == 3 then
     -- the stored parameters govern; a newer caller with rule 3 starts a deferral
-    glimit, gwindow, g = o[1], o[2], rec.gen
-    times, costs, n, base = rec.times, rec.costs, rec.n, rec.base
-    if newer and rec.pe <= gen then
+    glimit, gwindow, g = o[1], o[2], sr.gen
+    own = not newer and sr.gen == gen and sr.pe == 0
+    times, costs, n, base = sr.times, sr.costs, sr.n, sr.base
+    if newer and sr.pe <= gen then
       pe, keep = gen + 1, true
     else
-      pe, changed, keep = rec.pe, false, rec.pe > 0
+      pe, changed, keep = sr.pe, false, sr.pe > 0
     end
   elseif rule ~= 0 then
-    local rt, rc, rn = rec.times, rec.costs, rec.n
+    local rt, rc, rn = sr.times, sr.costs, sr.n
     local eff = now
     if rn > 0 and rt[rn] > now then eff = rt[rn] end
     for i = 1, rn do
@@ -130,6 +146,8 @@ end
 local reset = 0
 if newest then reset = newest + gwindow - now end
 
+-- the record to write (epilogue.lua; a denial writes only a policy change), and the reply
+local rec, ttl
 if commit == 1 and (allowed == 1 or changed) then
   -- only an admission prunes: a denial keeps every entry
   local from = first
@@ -149,7 +167,11 @@ if commit == 1 and (allowed == 1 or changed) then
       kept = kept .. struct.pack('<dd', eff, cost)
     end
   end
-  local value = cmsgpack.pack(3, g, pe, glimit, gwindow) .. kept
-  write(value, keep, reset)
+  if own then
+    rec = head .. kept
+  else
+    rec = cmsgpack.pack(3, g, pe, glimit, gwindow) .. kept
+  end
+  ttl = reset
 end
-return { allowed, math.max(glimit - sum, 0), retry, reset, glimit }
+local remaining, limit = math.max(glimit - sum, 0), glimit

@@ -3,73 +3,101 @@
 -- every quantity below 2^53; ceil(a / b) as (a - a % b) / b (+1), exact for such numbers),
 -- after the prelude's policy-change rules.
 -- KEYS[1] bucket key
--- ARGV    capacity, unit, rate, max_elapsed_us (0 = none), generation, transition
---         (0 reset, 1 carry, 2 proportional, 3 defer), cost, commit (1 acquire, 0 peek)
+-- ARGV[1] head: 1, generation, 0, capacity, unit, rate, max_elapsed_us (0 = none); then
+--         transition (0 reset, 1 carry, 2 proportional, 3 defer), cost, commit (1 acquire,
+--         0 peek) — MessagePack integers, see the prelude
 -- record  1, generation, pending, capacity, unit, rate, max_elapsed_us, level_units, updated_us
 -- returns {allowed 1/0 (-1: cost above the governing capacity, nothing written), remaining,
 --          retry_after_us (-1 when allowed), reset_after_us, governing capacity}
-local ok, capacity, unit, rate, max_elapsed, gen, rule, cost, commit
-if #K == 1 and #A == 8 then
-  ok, capacity, unit, rate, max_elapsed, gen, rule, cost, commit = pcall(numbers, 8)
-end
-if not (ok and capacity >= 1 and capacity <= MAX and capacity % 1 == 0 and unit >= 1
-    and unit <= MAX and unit % 1 == 0 and rate >= 1 and rate <= MAX and rate % 1 == 0
-    and max_elapsed >= 0 and max_elapsed <= MAX and max_elapsed % 1 == 0 and gen >= 0
-    and gen <= MAX and gen % 1 == 0 and rule >= 0 and rule <= 3 and rule % 1 == 0
-    and cost >= 1 and cost <= MAX and cost % 1 == 0 and (commit == 0 or commit == 1)) then
-  return slow().refuse({ 'capacity', 1, MAX, 'unit', 1, MAX, 'rate', 1, MAX,
-    'max_elapsed_us', 0, MAX, 'generation', 0, MAX, 'transition', 0, 3, 'cost', 1, MAX,
-    'commit', 0, 1 })
-end
-if capacity * unit + rate > MAX then return bad('capacity * unit + rate exceeds 2^52') end
-if cost > capacity then return bad('cost exceeds capacity') end
-
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-
--- the governing parameters, generation and pending deferral; the stored level and time
-local gcap, gunit, grate, gmax, g, pe = capacity, unit, rate, max_elapsed, gen, 0
-local stored, updated, keep
 local raw = redis.call('GET', K[1])
--- the record's fields, or nothing when it is malformed (a missing bucket): a non-number
--- fails its comparison inside the pcall
-local function record()
-  local tag, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated, extra = cmsgpack.unpack(raw)
-  if tag == 1 and rupdated and extra == nil and rg >= 0 and rg <= MAX and rpe >= 0
-      and rpe <= MAX + 1 and rcap >= 1 and runit >= 1 and rrate >= 1
-      and rcap * runit + rrate <= MAX and rmax >= 0 and rmax <= MAX and rlevel >= 0
-      and rlevel <= MAX and rupdated >= 0 and rupdated <= MAX * 2 then
-    return rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
+
+-- The arguments, checked, and the stored level and time when the record `raw` starts with
+-- the caller's head; nothing when an argument is invalid (a non-number fails its comparison
+-- inside the pcall). capacity * unit + rate <= 2^52 bounds each of the three.
+local function decode(raw)
+  local max, arg = 2 ^ 52, ARGV[1]
+  local n, tag, gen, pe, capacity, unit, rate, max_elapsed = cmsgpack.unpack_limit(arg, 7)
+  local e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n)
+  if not (e == -1 and #KEYS == 1 and #ARGV == 1 and tag == 1 and pe == 0 and gen >= 0
+      and gen <= max and gen % 1 == 0 and capacity >= 1 and capacity % 1 == 0 and unit >= 1
+      and unit % 1 == 0 and rate >= 1 and rate % 1 == 0 and capacity * unit + rate <= max
+      and max_elapsed >= 0 and max_elapsed <= max and max_elapsed % 1 == 0 and rule >= 0
+      and rule <= 3 and rule % 1 == 0 and cost >= 1 and cost <= capacity and cost % 1 == 0
+      and (commit == 0 or commit == 1)) then
+    return
   end
-end
-local rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
-if raw then ok, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(record) end
-if ok and rupdated then
-  local same = rcap == capacity and runit == unit and rrate == rate and rmax == max_elapsed
-  local newer = gen > rg or (gen == rg and not same)
-  if newer and rpe <= gen and rule ~= 3 then
-    -- convert: the old bucket's level now, under its own parameters; then the caller's rule
-    local ocap, ncap = rcap * runit, capacity * unit
-    updated = rupdated > now and rupdated or now
-    local old = rlevel < ocap and rlevel or ocap
-    local elapsed, d = updated - rupdated, ocap - old
-    if rmax > 0 and elapsed > rmax then elapsed = rmax end
-    local full = (d - d % rrate) / rrate + (d % rrate > 0 and 1 or 0)
-    if elapsed >= full then old = ocap else old = old + elapsed * rrate end
-    if rule == 1 then
-      stored = slow().muldiv(old, unit, runit, ncap)
-    elseif rule == 2 then
-      stored = slow().muldiv(old, ncap, ocap, ncap)
-    else
-      stored = ncap
+  local head, level, updated = string.sub(arg, 1, n)
+  if raw and string.sub(raw, 1, n) == head then
+    e, level, updated = cmsgpack.unpack_limit(raw, 2, n)
+    if not (e == -1 and level >= 0 and level <= max and updated >= 0 and updated <= max * 2) then
+      level, updated = nil, nil
     end
-  else
-    -- the stored parameters govern; a newer caller with rule 3 starts a deferral
-    gcap, gunit, grate, gmax, g, stored, updated = rcap, runit, rrate, rmax, rg, rlevel, rupdated
-    if newer and rpe <= gen then
-      pe, keep = gen + 1, true
+  end
+  return head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit, level, updated
+end
+local ok, head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit, stored, updated =
+  pcall(decode, raw)
+-- a record after the caller's head that is not MessagePack raised: the arguments alone
+if not ok then
+  ok, head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit = pcall(decode, nil)
+end
+if not (ok and head) then
+  return slow().refuse({ 'tag', 1, 1, 'generation', 0, MAX, 'pending', 0, 0, 'capacity', 1,
+    MAX, 'unit', 1, MAX, 'rate', 1, MAX, 'max_elapsed_us', 0, MAX, 'transition', 0, 3, 'cost',
+    1, MAX, 'commit', 0, 1 }, function(v)
+    if v[4] * v[5] + v[6] > MAX then return 'capacity * unit + rate exceeds 2^52' end
+    if v[9] > v[4] then return 'cost exceeds capacity' end
+  end)
+end
+
+-- the governing parameters, generation and pending deferral; whether they are the caller's
+-- head (then the record is written as head .. state)
+local gcap, gunit, grate, gmax, g, pe, own, keep = capacity, unit, rate, max_elapsed, gen, 0, true
+if raw and not stored then
+  -- The general path: a record of other parameters, generation or a pending deferral (or a
+  -- malformed one: a missing bucket). Its fields, or nothing: a non-number fails its
+  -- comparison inside the pcall.
+  local function record()
+    local tag, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated, extra = cmsgpack.unpack(raw)
+    if tag == 1 and rupdated and extra == nil and rg >= 0 and rg <= MAX and rpe >= 0
+        and rpe <= MAX + 1 and rcap >= 1 and runit >= 1 and rrate >= 1
+        and rcap * runit + rrate <= MAX and rmax >= 0 and rmax <= MAX and rlevel >= 0
+        and rlevel <= MAX and rupdated >= 0 and rupdated <= MAX * 2 then
+      return rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
+    end
+  end
+  local rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
+  ok, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(record)
+  if ok and rupdated then
+    local same = rcap == capacity and runit == unit and rrate == rate and rmax == max_elapsed
+    local newer = gen > rg or (gen == rg and not same)
+    if newer and rpe <= gen and rule ~= 3 then
+      -- convert: the old bucket's level now, under its own parameters; then the caller's rule
+      local ocap, ncap = rcap * runit, capacity * unit
+      updated = rupdated > now and rupdated or now
+      local old = rlevel < ocap and rlevel or ocap
+      local elapsed, d = updated - rupdated, ocap - old
+      if rmax > 0 and elapsed > rmax then elapsed = rmax end
+      local full = (d - d % rrate) / rrate + (d % rrate > 0 and 1 or 0)
+      if elapsed >= full then old = ocap else old = old + elapsed * rrate end
+      if rule == 1 then
+        stored = slow().muldiv(old, unit, runit, ncap)
+      elseif rule == 2 then
+        stored = slow().muldiv(old, ncap, ocap, ncap)
+      else
+        stored = ncap
+      end
     else
-      pe, keep = rpe, rpe > 0
+      -- the stored parameters govern; a newer caller with rule 3 starts a deferral
+      gcap, gunit, grate, gmax, g, stored, updated = rcap, runit, rrate, rmax, rg, rlevel, rupdated
+      own = false
+      if newer and rpe <= gen then
+        pe, keep = gen + 1, true
+      else
+        pe, keep = rpe, rpe > 0
+      end
     end
   end
 end
@@ -78,31 +106,54 @@ if cost > gcap then return { -1, 0, -1, 0, gcap } end
 local cap = gcap * gunit
 if not stored then stored, updated = cap, now end
 local eff = updated > now and updated or now
--- refill for the elapsed time (capped), never past capacity
+-- refill for the elapsed time (capped), never past capacity: elapsed >= ceil(d / rate) is
+-- elapsed * rate >= d, exact (a product past 2^53 rounds to a value still above d)
 local level = stored < cap and stored or cap
 local elapsed, d = eff - updated, cap - level
 if gmax > 0 and elapsed > gmax then elapsed = gmax end
-if elapsed >= (d - d % grate) / grate + (d % grate > 0 and 1 or 0) then
+if elapsed * grate >= d then
   level = cap
 else
   level = level + elapsed * grate
 end
 
 local need = cost * gunit
-local allowed, retry = 1, -1
+local allowed, retry, m = 1, -1, 0
 if level >= need then
   level = level - need
 else
   d = need - level
-  local wait = (d - d % grate) / grate + (d % grate > 0 and 1 or 0)
+  m = d % grate
+  local wait = (d - m) / grate + (m > 0 and 1 or 0)
   if gmax > 0 and wait > gmax then wait = gmax end
   allowed, retry = 0, (eff - now) + wait
 end
 d = cap - level
-local reset = (eff - now) + (d - d % grate) / grate + (d % grate > 0 and 1 or 0)
+m = d % grate
+local reset = (eff - now) + (d - m) / grate + (m > 0 and 1 or 0)
 
+-- the record to write (epilogue.lua), and the reply
+local rec, ttl
 if commit == 1 then
-  local rec = cmsgpack.pack(1, g, pe, gcap, gunit, grate, gmax, level, eff)
-  write(rec, keep, reset)
+  ttl = reset
+  if own and eff >= 4294967296 then
+    -- head .. level, eff in one struct.pack: level in its smallest MessagePack encoding (as
+    -- cmsgpack.pack writes it), eff (a time, 2^32 and up) as uint64
+    if level < 128 then
+      rec = struct.pack('>c0BBI8', head, level, 0xcf, eff)
+    elseif level < 256 then
+      rec = struct.pack('>c0BBBI8', head, 0xcc, level, 0xcf, eff)
+    elseif level < 65536 then
+      rec = struct.pack('>c0BHBI8', head, 0xcd, level, 0xcf, eff)
+    elseif level < 4294967296 then
+      rec = struct.pack('>c0BI4BI8', head, 0xce, level, 0xcf, eff)
+    else
+      rec = struct.pack('>c0BI8BI8', head, 0xcf, level, 0xcf, eff)
+    end
+  elseif own then
+    rec = head .. cmsgpack.pack(level, eff)
+  else
+    rec = cmsgpack.pack(1, g, pe, gcap, gunit, grate, gmax, level, eff)
+  end
 end
-return { allowed, (level - level % gunit) / gunit, retry, reset, gcap }
+local remaining, limit = (level - level % gunit) / gunit, gcap

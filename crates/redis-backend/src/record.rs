@@ -25,23 +25,37 @@ use tollgate_core::algorithm::{
 };
 use tollgate_core::{Algorithm, FixedWindow, Rate, SlidingLog, TokenBucket};
 
-/// Appends `n` as a MessagePack unsigned integer in its smallest encoding, as Redis's
-/// `cmsgpack.pack` writes an integral number: positive fixint, then uint 8/16/32/64.
-fn put(out: &mut Vec<u8>, n: u64) {
-    if n < 0x80 {
-        out.push(n as u8);
+/// `n` as a MessagePack unsigned integer in its smallest encoding, as Redis's `cmsgpack.pack`
+/// writes an integral number (positive fixint, then uint 8/16/32/64): the bytes and how many
+/// of them are used.
+pub(crate) fn uint(n: u64) -> ([u8; 9], usize) {
+    let mut b = [0; 9];
+    let len = if n < 0x80 {
+        b[0] = n as u8;
+        1
     } else if n <= 0xff {
-        out.extend_from_slice(&[0xcc, n as u8]);
+        b[..2].copy_from_slice(&[0xcc, n as u8]);
+        2
     } else if n <= 0xffff {
-        out.push(0xcd);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
+        b[0] = 0xcd;
+        b[1..3].copy_from_slice(&(n as u16).to_be_bytes());
+        3
     } else if n <= 0xffff_ffff {
-        out.push(0xce);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
+        b[0] = 0xce;
+        b[1..5].copy_from_slice(&(n as u32).to_be_bytes());
+        5
     } else {
-        out.push(0xcf);
-        out.extend_from_slice(&n.to_be_bytes());
-    }
+        b[0] = 0xcf;
+        b[1..].copy_from_slice(&n.to_be_bytes());
+        9
+    };
+    (b, len)
+}
+
+/// Appends `n` as [`uint`] encodes it.
+fn put(out: &mut Vec<u8>, n: u64) {
+    let (b, len) = uint(n);
+    out.extend_from_slice(&b[..len]);
 }
 
 /// Reads one MessagePack unsigned integer at `pos` (any of its encodings, as

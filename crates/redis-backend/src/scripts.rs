@@ -1,16 +1,23 @@
-//! The Lua scripts, one per algorithm, and how a request becomes their arguments. Each script
+//! The Lua scripts, one per algorithm, and how a request becomes their argument. Each script
 //! is the Redis twin of one function in `tollgate_core::algorithm`; a differential test on a
 //! shared clock holds them equal.
 //!
-//! Every script is `scripts/prelude.lua` (argument checks, the record codec, exact integer
-//! helpers and the policy-change rules) followed by the algorithm's own file. It takes
-//! `KEYS[1]` = the bucket key and `ARGV` = the policy's integer parameters, its generation and
-//! transition rule (0 reset, 1 carry, 2 proportional, 3 defer until expiry), then `cost`, then
-//! `commit` (1 = acquire, 0 = peek, which never writes). It replies `{allowed (1/0),
-//! remaining, retry_after_us (-1 when allowed), reset_after_us, limit}` where `limit` is that
-//! of the policy that governed (a newer stored one may govern an older caller); `allowed` is
-//! -1 when the cost is above that limit (nothing written). An argument it refuses gives an
-//! error reply starting `ERR tollgate:`, having written nothing.
+//! Every script is `scripts/prelude.lua` (the argument and record layouts, the helpers of the
+//! rare paths and the policy-change rules), then the algorithm's own file, then
+//! `scripts/epilogue.lua` (the record's write and the reply). It takes `KEYS[1]` = the bucket
+//! key and one argument, `ARGV[1]` = [`Args`]: MessagePack unsigned integers, each in its
+//! smallest encoding — the *head* of the record the caller would write (the algorithm's tag,
+//! the policy's generation, 0 for no pending deferral, the policy's parameters: exactly the
+//! first bytes of [`crate::record::encode`]'s output), then the transition rule (0 reset,
+//! 1 carry, 2 proportional, 3 defer until expiry), `cost` and `commit` (1 = acquire, 0 = peek,
+//! which never writes). A script compares the head with the stored record's first bytes, so a
+//! bucket the same policy wrote is decided without decoding its parameters and rewritten
+//! without encoding them (one argument rather than eight: each argument costs Redis about a
+//! thousand instructions per call; see BENCHMARKS.md). It replies `{allowed (1/0), remaining,
+//! retry_after_us (-1 when allowed), reset_after_us, limit}` where `limit` is that of the
+//! policy that governed (a newer stored one may govern an older caller); `allowed` is -1 when
+//! the cost is above that limit (nothing written). An argument it refuses gives an error reply
+//! starting `ERR tollgate:`, having written nothing.
 //!
 //! Each bucket is one STRING, a [`crate::record`]: MessagePack integers for the tag, the
 //! generation, the pending deferral, the parameters and the state:
@@ -74,7 +81,8 @@ static SCRIPTS: LazyLock<[Script; 3]> = LazyLock::new(|| {
             "tb",
             concat!(
                 include_str!("../scripts/prelude.lua"),
-                include_str!("../scripts/token_bucket.lua")
+                include_str!("../scripts/token_bucket.lua"),
+                include_str!("../scripts/epilogue.lua")
             ),
         ),
         Script::new(
@@ -82,7 +90,8 @@ static SCRIPTS: LazyLock<[Script; 3]> = LazyLock::new(|| {
             "fw",
             concat!(
                 include_str!("../scripts/prelude.lua"),
-                include_str!("../scripts/fixed_window.lua")
+                include_str!("../scripts/fixed_window.lua"),
+                include_str!("../scripts/epilogue.lua")
             ),
         ),
         Script::new(
@@ -90,7 +99,8 @@ static SCRIPTS: LazyLock<[Script; 3]> = LazyLock::new(|| {
             "sl",
             concat!(
                 include_str!("../scripts/prelude.lua"),
-                include_str!("../scripts/sliding_log.lua")
+                include_str!("../scripts/sliding_log.lua"),
+                include_str!("../scripts/epilogue.lua")
             ),
         ),
     ]
@@ -130,14 +140,19 @@ pub fn try_for_policy(policy: &Policy) -> Option<&'static Script> {
     }
 }
 
-/// The script's `ARGV` for one request: the policy's parameters, its generation and
-/// transition code, then `cost`, then `commit`.
+/// The script's argument for one request: the head of the record the policy writes (tag,
+/// generation, 0, parameters), then its transition code, `cost` and `commit`, as MessagePack
+/// integers (see the module docs).
 ///
 /// ```
-/// use std::time::Duration;
 /// use tollgate_core::{Policy, Rate};
 /// let p = Policy::token_bucket(10, Rate::per_second(2)).unwrap().with_generation(4);
-/// assert_eq!(tollgate_redis::scripts::args(&p, 3, true).as_slice(), &[10, 500_000, 1, 0, 4, 1, 3, 1]);
+/// // tag 1, generation 4, no pending, capacity 10, unit 500000 (uint32), rate 1, no max_elapsed;
+/// // then transition 1 (carry), cost 3, commit 1
+/// assert_eq!(
+///     tollgate_redis::scripts::args(&p, 3, true).as_bytes(),
+///     &[1, 4, 0, 10, 0xce, 0, 7, 0xa1, 0x20, 1, 0, 1, 3, 1]
+/// );
 /// ```
 ///
 /// # Panics
@@ -146,29 +161,32 @@ pub fn args(policy: &Policy, cost: u64, commit: bool) -> Args {
     try_args(policy, cost, commit).unwrap_or_else(|| panic!("{}", unsupported(policy)))
 }
 
-/// The script's `ARGV` for one request, or `None` for an algorithm without a script.
+/// The script's argument for one request, or `None` for an algorithm without a script.
 pub fn try_args(policy: &Policy, cost: u64, commit: bool) -> Option<Args> {
-    let commit = u64::from(commit);
-    let (generation, rule) = (policy.generation(), policy.transition().code());
-    Some(match policy.algorithm() {
-        Algorithm::TokenBucket(tb) => Args::new(&[
-            tb.capacity,
-            tb.unit,
-            tb.rate,
-            tb.max_elapsed_micros.unwrap_or(0),
-            generation,
-            rule,
-            cost,
-            commit,
-        ]),
+    let mut a = Args::default();
+    match policy.algorithm() {
+        Algorithm::TokenBucket(tb) => a.head(
+            1,
+            policy.generation(),
+            &[
+                tb.capacity,
+                tb.unit,
+                tb.rate,
+                tb.max_elapsed_micros.unwrap_or(0),
+            ],
+        ),
         Algorithm::FixedWindow(fw) => {
-            Args::new(&[fw.limit, fw.window_micros, generation, rule, cost, commit])
+            a.head(2, policy.generation(), &[fw.limit, fw.window_micros]);
         }
         Algorithm::SlidingLog(sl) => {
-            Args::new(&[sl.limit, sl.window_micros, generation, rule, cost, commit])
+            a.head(3, policy.generation(), &[sl.limit, sl.window_micros]);
         }
         _ => return None,
-    })
+    }
+    a.push(policy.transition().code());
+    a.push(cost);
+    a.push(u64::from(commit));
+    Some(a)
 }
 
 /// The error for a policy whose algorithm has no script here.
@@ -179,26 +197,66 @@ pub(crate) fn unsupported(policy: &Policy) -> StoreError {
     ))
 }
 
-/// A script's integer arguments, held inline (no allocation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A script's argument: at most 12 MessagePack integers of at most 9 bytes each, held inline
+/// (no allocation).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Args {
-    values: [u64; 8],
+    bytes: [u8; 108],
     len: usize,
+    head: usize,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self {
+            bytes: [0; 108],
+            len: 0,
+            head: 0,
+        }
+    }
+}
+
+impl fmt::Debug for Args {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Args({:02x?})", self.as_bytes())
+    }
 }
 
 impl Args {
-    fn new(values: &[u64]) -> Self {
-        let mut out = Self {
-            values: [0; 8],
-            len: values.len(),
-        };
-        out.values[..values.len()].copy_from_slice(values);
-        out
+    fn push(&mut self, n: u64) {
+        let (b, len) = crate::record::uint(n);
+        self.bytes[self.len..self.len + len].copy_from_slice(&b[..len]);
+        self.len += len;
     }
 
-    /// The arguments in order.
-    pub fn as_slice(&self) -> &[u64] {
-        &self.values[..self.len]
+    /// The record's head: tag, generation, 0 (no pending deferral), the parameters.
+    fn head(&mut self, tag: u64, generation: u64, params: &[u64]) {
+        self.push(tag);
+        self.push(generation);
+        self.push(0);
+        for &p in params {
+            self.push(p);
+        }
+        self.head = self.len;
+    }
+
+    /// The argument's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// The head: the first bytes of the record the policy writes.
+    pub fn head_bytes(&self) -> &[u8] {
+        &self.bytes[..self.head]
+    }
+}
+
+impl redis::ToRedisArgs for Args {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        out.write_arg(self.as_bytes());
     }
 }
 
@@ -272,16 +330,12 @@ impl<'a> Invocation<'a> {
 
     pub(crate) fn cmd(&self, call: Call) -> redis::Cmd {
         let key_len = self.key.prefix.len() + self.key.key.len() + 6;
-        let mut cmd =
-            redis::Cmd::with_capacity(3 + self.args.len, 64 + key_len + 17 * self.args.len);
+        let mut cmd = redis::Cmd::with_capacity(5, 64 + key_len + self.args.len);
         match call {
             Call::EvalSha => cmd.arg("EVALSHA").arg(self.script.sha.as_str()),
             Call::Eval => cmd.arg("EVAL").arg(self.script.source),
         };
-        cmd.arg(1).arg(self.key);
-        for &a in self.args.as_slice() {
-            cmd.arg(a);
-        }
+        cmd.arg(1).arg(self.key).arg(self.args);
         cmd
     }
 }
@@ -312,33 +366,90 @@ mod tests {
         assert!(packed.ends_with(b"tollgate:{login:alice%40x}:tb\r\n"));
     }
 
+    /// Decodes MessagePack unsigned integers (as the scripts' cmsgpack does).
+    fn ints(mut raw: &[u8]) -> Vec<u64> {
+        let mut out = Vec::new();
+        while let Some((&tag, rest)) = raw.split_first() {
+            let width = match tag {
+                0x00..=0x7f => 0,
+                0xcc => 1,
+                0xcd => 2,
+                0xce => 4,
+                0xcf => 8,
+                _ => panic!("not an unsigned integer: {tag:#x}"),
+            };
+            if width == 0 {
+                out.push(u64::from(tag));
+            } else {
+                out.push(
+                    rest[..width]
+                        .iter()
+                        .fold(0, |n, &b| (n << 8) | u64::from(b)),
+                );
+            }
+            raw = &rest[width..];
+        }
+        out
+    }
+
     #[test]
-    fn args_carry_every_parameter_cost_and_commit() {
+    fn args_carry_the_record_head_then_transition_cost_and_commit() {
         let p = Policy::token_bucket(7, Rate::new(7, Duration::from_secs(3)))
             .unwrap()
             .with_max_elapsed(Duration::from_secs(2))
             .unwrap();
+        let a = args(&p, 2, false);
         assert_eq!(
-            args(&p, 2, false).as_slice(),
-            &[7, 3_000_000, 7, 2_000_000, 0, 1, 2, 0]
+            ints(a.as_bytes()),
+            [1, 0, 0, 7, 3_000_000, 7, 2_000_000, 1, 2, 0]
         );
+        assert_eq!(ints(a.head_bytes()), [1, 0, 0, 7, 3_000_000, 7, 2_000_000]);
         let p = Policy::sliding_log(5, Duration::from_millis(1500))
             .unwrap()
-            .with_generation(3)
+            .with_generation(300)
             .with_transition(tollgate_core::Transition::DeferUntilExpiry);
-        assert_eq!(args(&p, 5, true).as_slice(), &[5, 1_500_000, 3, 3, 5, 1]);
+        assert_eq!(
+            ints(args(&p, 5, true).as_bytes()),
+            [3, 300, 0, 5, 1_500_000, 3, 5, 1]
+        );
+        let p = Policy::fixed_window(u64::from(u32::MAX) + 1, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            ints(args(&p, 70_000, true).as_bytes()),
+            [2, 0, 0, 1 << 32, 1_000_000, 1, 70_000, 1]
+        );
+    }
+
+    #[test]
+    fn the_head_is_the_start_of_the_record_the_policy_writes() {
+        use tollgate_core::algorithm::{Record, State, TokenBucketState};
+        let p = Policy::token_bucket(100, Rate::per_second(50))
+            .unwrap()
+            .with_generation(1 << 40);
+        let record = Record {
+            generation: p.generation(),
+            params: p.algorithm().normalized(),
+            pending: None,
+            state: State::TokenBucket(TokenBucketState {
+                level: 99,
+                updated: 1_700_000_000_000_000,
+            }),
+        };
+        let bytes = crate::record::encode(&record);
+        let a = args(&p, 1, true);
+        assert!(bytes.starts_with(a.head_bytes()), "{a:?} vs {bytes:02x?}");
+        assert_eq!(bytes.len(), a.head_bytes().len() + 1 + 9);
     }
 
     #[test]
     fn evalsha_and_eval_commands_share_keys_and_args() {
         let p = Policy::fixed_window(3, Duration::from_secs(1)).unwrap();
         let inv = Invocation::new("t:", "k", &p, 1, true).unwrap();
-        let sha = String::from_utf8(inv.cmd(Call::EvalSha).get_packed_command()).unwrap();
-        assert!(sha.contains(all()[1].sha()));
-        assert!(
-            sha.ends_with("$8\r\nt:{k}:fw\r\n$1\r\n3\r\n$7\r\n1000000\r\n$1\r\n0\r\n$1\r\n1\r\n$1\r\n1\r\n$1\r\n1\r\n")
-        );
-        let eval = String::from_utf8(inv.cmd(Call::Eval).get_packed_command()).unwrap();
+        let sha = inv.cmd(Call::EvalSha).get_packed_command();
+        assert!(String::from_utf8_lossy(&sha).contains(all()[1].sha()));
+        assert!(sha.ends_with(
+            b"$8\r\nt:{k}:fw\r\n$12\r\n\x02\x00\x00\x03\xce\x00\x0f\x42\x40\x01\x01\x01\r\n"
+        ));
+        let eval = String::from_utf8_lossy(&inv.cmd(Call::Eval).get_packed_command()).into_owned();
         assert!(eval.contains("tollgate fixed window"));
     }
 }
