@@ -31,28 +31,40 @@ def mp(text):
     return out
 
 
+def reply(buf, pos, errors):
+    """Where the reply at `pos` ends (None when `buf` does not hold all of it); errors are
+    appended to `errors`."""
+    end = buf.find(b'\r\n', pos)
+    if end < 0:
+        return None
+    line = buf[pos:end]
+    if line[:1] == b'*':
+        q = end + 2
+        for _ in range(max(int(line[1:]), 0)):
+            q = reply(buf, q, errors)
+            if q is None:
+                return None
+        return q
+    if line[:1] == b'$':
+        n = int(line[1:])
+        q = end + 2 + (n + 2 if n >= 0 else 0)
+        return q if q <= len(buf) else None
+    if line[:1] == b'-':
+        errors.append(line.decode(errors='replace'))
+    return end + 2
+
+
 def replies(buf):
-    """How many complete replies (integers, status lines, errors, arrays of those) `buf`
-    starts with, where they end, and the errors among them."""
+    """How many complete replies `buf` starts with, where they end, and the errors among
+    them."""
     pos, done, errors = 0, 0, []
     while True:
-        end = buf.find(b'\r\n', pos)
-        if end < 0:
+        seen = []
+        q = reply(buf, pos, seen)
+        if q is None:
             return done, pos, errors
-        line = buf[pos:end]
-        if line[:1] == b'*':
-            q = end + 2
-            for _ in range(max(int(line[1:]), 0)):
-                e = buf.find(b'\r\n', q)
-                if e < 0:
-                    return done, pos, errors
-                q = e + 2
-            pos = q
-        else:
-            if line[:1] == b'-':
-                errors.append(line.decode(errors='replace'))
-            pos = end + 2
-        done += 1
+        errors += seen
+        pos, done = q, done + 1
 
 
 def main():

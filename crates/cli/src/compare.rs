@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tollgate::Policy;
 use tollgate::redis::{RedisStore, scripts};
@@ -162,7 +162,7 @@ async fn client(
         }
     }
     let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut buf = Vec::new();
+    let (mut buf, mut body) = (Vec::new(), Vec::new());
     loop {
         let n = left
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
@@ -195,21 +195,18 @@ async fn client(
             );
         }
         conn.get_mut().write_all(&buf).await?;
-        // each reply: an array of integers, or an error
+        // each reply: one string (the script's five integers), or an error
         for _ in 0..n {
             line.clear();
             conn.read_until(b'\n', &mut line).await?;
             match line.first() {
-                Some(b'*') => {
-                    let items: usize = std::str::from_utf8(&line[1..])?.trim_end().parse()?;
-                    for _ in 0..items {
-                        line.clear();
-                        conn.read_until(b'\n', &mut line).await?;
-                    }
+                Some(b'$') => {
+                    let len: usize = std::str::from_utf8(&line[1..])?.trim_end().parse()?;
+                    body.resize(len + 2, 0);
+                    conn.read_exact(&mut body).await?;
                 }
                 Some(b'-') => bail!("the script failed: {}", String::from_utf8_lossy(&line)),
-                Some(_) => {}
-                None => bail!("the server closed the connection"),
+                _ => bail!("unexpected reply: {}", String::from_utf8_lossy(&line)),
             }
         }
     }

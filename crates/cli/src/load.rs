@@ -180,7 +180,7 @@ impl Probe {
                     keys[0].as_str(),
                     script.suffix
                 );
-                let reply: Vec<i64> = redis::cmd("EVALSHA")
+                let reply: Vec<u8> = redis::cmd("EVALSHA")
                     .arg(&script.sha)
                     .arg(1)
                     .arg(key)
@@ -188,7 +188,7 @@ impl Probe {
                     .query_async(conn)
                     .await
                     .map_err(|e| Failure::Other(e.to_string()))?;
-                if reply.first() == Some(&1) {
+                if tollgate::redis::scripts::reply(&reply).is_some_and(|r| r[0] == 1) {
                     tally.allowed = 1;
                 } else {
                     tally.denied = 1;

@@ -6,8 +6,8 @@
 --         2 proportional, 3 defer), cost, commit (1 acquire, 0 peek) — MessagePack integers,
 --         see the prelude
 -- record  2, generation, pending, limit, window_us, window_start_us, count
--- returns {allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
---          retry_after_us (-1 when allowed), reset_after_us, governing limit}
+-- returns allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
+--         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY)
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local raw = redis.call('GET', K[1])
@@ -90,7 +90,7 @@ if raw and not cnt then
     end
   end
 end
-if cost > glimit then return { -1, 0, -1, 0, glimit } end
+if cost > glimit then return struct.pack(REPLY, -1, 0, -1, 0, glimit) end
 
 -- a stored window later than the current one (clock stepped back) stays in force
 local start, count = now - now % gwindow, 0

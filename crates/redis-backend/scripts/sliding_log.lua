@@ -8,8 +8,8 @@
 -- record  3, generation, pending, limit, window_us (MessagePack); then (time_us, cost) pairs,
 --         each struct.pack('<dd', t, c), oldest first, times strictly rising; at most 1000
 --         entries, so every call's work is bounded.
--- returns {allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
---          retry_after_us (-1 when allowed), reset_after_us, governing limit}
+-- returns allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
+--         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY)
 local MAX_ENTRIES = 1000
 -- The arguments, checked; nothing when one is invalid (a non-number fails its comparison
 -- inside the pcall).
@@ -120,7 +120,7 @@ if sr then
     end
   end
 end
-if cost > glimit then return { -1, 0, -1, 0, glimit } end
+if cost > glimit then return struct.pack(REPLY, -1, 0, -1, 0, glimit) end
 
 local eff = now
 if n > 0 and times[n] > now then eff = times[n] end

@@ -7,8 +7,8 @@
 --         transition (0 reset, 1 carry, 2 proportional, 3 defer), cost, commit (1 acquire,
 --         0 peek) — MessagePack integers, see the prelude
 -- record  1, generation, pending, capacity, unit, rate, max_elapsed_us, level_units, updated_us
--- returns {allowed 1/0 (-1: cost above the governing capacity, nothing written), remaining,
---          retry_after_us (-1 when allowed), reset_after_us, governing capacity}
+-- returns allowed 1/0 (-1: cost above the governing capacity, nothing written), remaining,
+--         retry_after_us (-1 when allowed), reset_after_us, governing capacity (REPLY)
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local raw = redis.call('GET', K[1])
@@ -101,7 +101,7 @@ if raw and not stored then
     end
   end
 end
-if cost > gcap then return { -1, 0, -1, 0, gcap } end
+if cost > gcap then return struct.pack(REPLY, -1, 0, -1, 0, gcap) end
 
 local cap = gcap * gunit
 if not stored then stored, updated = cap, now end

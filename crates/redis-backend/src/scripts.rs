@@ -13,11 +13,13 @@
 //! which never writes). A script compares the head with the stored record's first bytes, so a
 //! bucket the same policy wrote is decided without decoding its parameters and rewritten
 //! without encoding them (one argument rather than eight: each argument costs Redis about a
-//! thousand instructions per call; see BENCHMARKS.md). It replies `{allowed (1/0), remaining,
-//! retry_after_us (-1 when allowed), reset_after_us, limit}` where `limit` is that of the
-//! policy that governed (a newer stored one may govern an older caller); `allowed` is -1 when
-//! the cost is above that limit (nothing written). An argument it refuses gives an error reply
-//! starting `ERR tollgate:`, having written nothing.
+//! thousand instructions per call; see BENCHMARKS.md). It replies one string of five
+//! little-endian `i64` ([`reply`]): allowed (1/0), remaining, retry_after_us (-1 when allowed),
+//! reset_after_us, limit — where `limit` is that of the policy that governed (a newer stored one
+//! may govern an older caller); `allowed` is -1 when the cost is above that limit (nothing
+//! written). A string, because Redis turns a table reply into an array at ~4,000 instructions
+//! more. An argument it refuses gives an error reply starting `ERR tollgate:`, having written
+//! nothing.
 //!
 //! Each bucket is one STRING, a [`crate::record`]: MessagePack integers for the tag, the
 //! generation, the pending deferral, the parameters and the state:
@@ -187,6 +189,28 @@ pub fn try_args(policy: &Policy, cost: u64, commit: bool) -> Option<Args> {
     a.push(cost);
     a.push(u64::from(commit));
     Some(a)
+}
+
+/// A script's reply — allowed, remaining, retry_after_us, reset_after_us, limit — from the
+/// string it returns (five little-endian `i64`), or `None` for anything else.
+///
+/// ```
+/// let mut raw = Vec::new();
+/// for n in [1i64, 9, -1, 100_000, 10] {
+///     raw.extend_from_slice(&n.to_le_bytes());
+/// }
+/// assert_eq!(tollgate_redis::scripts::reply(&raw), Some([1, 9, -1, 100_000, 10]));
+/// assert_eq!(tollgate_redis::scripts::reply(&raw[1..]), None);
+/// ```
+pub fn reply(raw: &[u8]) -> Option<[i64; 5]> {
+    if raw.len() != 40 {
+        return None;
+    }
+    let mut out = [0; 5];
+    for (o, b) in out.iter_mut().zip(raw.chunks_exact(8)) {
+        *o = i64::from_le_bytes(b.try_into().ok()?);
+    }
+    Some(out)
 }
 
 /// The error for a policy whose algorithm has no script here.

@@ -244,39 +244,33 @@ fn is_noscript_reply(v: &Value) -> bool {
     matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
-/// Turns a script's reply `{allowed, remaining, retry_after_us, reset_after_us, limit}` into a
-/// decision; `allowed` -1 means `cost` is above the governing limit.
+/// Turns a script's reply ([`scripts::reply`]: allowed, remaining, retry_after_us,
+/// reset_after_us, limit) into a decision; `allowed` -1 means `cost` is above the governing
+/// limit.
 fn decision(reply: Result<Value, RedisError>, cost: u64) -> Result<Decision, StoreError> {
     let reply = reply.map_err(|e| classify(&e))?;
     let bad = || StoreError::Script(format!("unexpected script reply: {reply:?}"));
-    let Value::Array(items) = &reply else {
+    let Value::BulkString(raw) = &reply else {
         return Err(bad());
     };
-    let [
-        Value::Int(allowed),
-        Value::Int(remaining),
-        Value::Int(retry),
-        Value::Int(reset),
-        Value::Int(limit),
-    ] = items.as_slice()
-    else {
+    let Some([allowed, remaining, retry, reset, limit]) = scripts::reply(raw) else {
         return Err(bad());
     };
-    let limit = match u64::try_from(*limit) {
+    let limit = match u64::try_from(limit) {
         Ok(l) if (1..=MAX_EXACT).contains(&l) => l,
         _ => return Err(bad()),
     };
-    if *allowed == -1 && cost > limit {
+    if allowed == -1 && cost > limit {
         return Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity {
             cost,
             max: limit,
         }));
     }
-    let (remaining, reset) = match (u64::try_from(*remaining), u64::try_from(*reset)) {
+    let (remaining, reset) = match (u64::try_from(remaining), u64::try_from(reset)) {
         (Ok(m), Ok(r)) if m <= limit => (m, r),
         _ => return Err(bad()),
     };
-    match (*allowed, *retry) {
+    match (allowed, retry) {
         (1, -1) => Ok(Decision::shared(true, limit, remaining, None, reset)),
         (0, r) if r >= 0 => Ok(Decision::shared(
             false,
@@ -334,7 +328,9 @@ mod tests {
 
     #[allow(clippy::unnecessary_wraps)]
     fn arr(v: [i64; 5]) -> Result<Value, RedisError> {
-        Ok(Value::Array(v.iter().map(|&i| Value::Int(i)).collect()))
+        Ok(Value::BulkString(
+            v.iter().flat_map(|i| i.to_le_bytes()).collect(),
+        ))
     }
 
     #[test]
@@ -379,6 +375,10 @@ mod tests {
         ));
         assert!(matches!(
             decision(Ok(Value::Array(vec![Value::Int(1)])), 10),
+            Err(StoreError::Script(_))
+        ));
+        assert!(matches!(
+            decision(Ok(Value::BulkString(vec![0; 39])), 10),
             Err(StoreError::Script(_))
         ));
     }
