@@ -12,9 +12,9 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local raw = redis.call('GET', K[1])
 
--- The arguments, checked, and the stored window and count when the record `raw` starts with
--- the caller's head; nothing when an argument is invalid (a non-number fails its comparison
--- inside the pcall).
+-- The arguments, checked, with the head's bytes, and the stored window and count when the
+-- record `raw` holds the caller's head (its generation and parameters, no deferral pending);
+-- nothing when an argument is invalid (a non-number fails its comparison inside the pcall).
 local function decode(raw)
   local max, arg = 2 ^ 52, ARGV[1]
   local n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
@@ -26,17 +26,19 @@ local function decode(raw)
       and (commit == 0 or commit == 1)) then
     return
   end
-  local head, start, count = string.sub(arg, 1, n)
-  if raw and string.sub(raw, 1, n) == head then
-    e, start, count = cmsgpack.unpack_limit(raw, 2, n)
-    if not (e == -1 and start >= 0 and start <= max * 2 and count >= 0 and count <= max) then
-      start, count = nil, nil
+  local start, count
+  if raw then
+    local rtag, rgen, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
+    if rtag == 2 and rgen == gen and rpe == 0 and rlimit == limit and rwindow == window
+        and extra == nil and rstart >= 0 and rstart <= max * 2 and rcount >= 0
+        and rcount <= max then
+      start, count = rstart, rcount
     end
   end
-  return head, gen, limit, window, rule, cost, commit, start, count
+  return string.sub(arg, 1, n), gen, limit, window, rule, cost, commit, start, count
 end
 local ok, head, gen, limit, window, rule, cost, commit, st, cnt = pcall(decode, raw)
--- a record after the caller's head that is not MessagePack raised: the arguments alone
+-- a record that is not MessagePack (or holds a non-number) raised: the arguments alone
 if not ok then ok, head, gen, limit, window, rule, cost, commit = pcall(decode, nil) end
 if not (ok and head) then
   return slow().refuse({ 'tag', 2, 2, 'generation', 0, MAX, 'pending', 0, 0, 'limit', 1, MAX,

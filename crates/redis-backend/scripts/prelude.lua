@@ -12,23 +12,21 @@
 -- tag, generation, 0, the parameters, in those exact bytes — then the transition rule (0
 -- reset, 1 carry, 2 proportional, 3 defer), cost and commit (1 acquire, 0 peek, which never
 -- writes). Whenever the caller's generation and parameters govern with no deferral pending
--- (every call but those of a policy change), a script compares the stored record's first
--- bytes with the head (Lua strings are interned: once the substring exists the comparison is
--- a pointer compare), decodes only the state after them, and writes the head's bytes as they
--- are followed by the new state; other cases take the general path.
+-- (every call but those of a policy change), a script writes the head's bytes as they are,
+-- followed by the new state: only the state is encoded; other cases take the general path.
 --
 -- Cost: every decision runs one of these scripts inside Redis, where each argument, C call,
 -- table, string and closure is dear next to plain arithmetic, and a closure that captures a
 -- local of the script dearer still (one more allocation per captured local, per call). So the
 -- hot path decodes its one argument in one pcall of a function that captures nothing, keeps
--- its numbers in locals, writes the state with one struct.pack, and the helpers that only rare
--- paths need (refusal messages, the exact mul-div of a policy conversion) are built by
--- `slow()`, which captures nothing, when such a path runs. The reply is one string (REPLY
--- below), not a table. The record is written by
--- epilogue.lua, appended to every script, rather than by a helper function (one closure and
--- one call less per decision). BENCHMARKS.md has the instruction counts behind these choices.
+-- its numbers in locals, writes the state with one struct.pack and replies one string (REPLY
+-- below), not a table. The helpers that only rare paths need (refusal messages, the exact
+-- mul-div of a policy conversion) are built by `slow()`, a closure that captures nothing,
+-- called only when such a path runs. The record is written by epilogue.lua, appended to every
+-- script, rather than by a helper function (one closure and one call less per decision).
+-- BENCHMARKS.md has the instruction counts behind these choices.
 local MAX = 4503599627370496 -- 2^52
-local K, A = KEYS, ARGV
+local K = KEYS
 -- The reply: allowed (1, 0, or -1 for a cost above the governing limit), remaining,
 -- retry_after_us (-1 when allowed), reset_after_us, the governing limit, as five little-endian
 -- int64 in one string. A table reply costs Redis ~4,000 instructions more: it looks up six

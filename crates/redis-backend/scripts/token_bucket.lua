@@ -13,9 +13,10 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local raw = redis.call('GET', K[1])
 
--- The arguments, checked, and the stored level and time when the record `raw` starts with
--- the caller's head; nothing when an argument is invalid (a non-number fails its comparison
--- inside the pcall). capacity * unit + rate <= 2^52 bounds each of the three.
+-- The arguments, checked, with the head's bytes, and the stored level and time when the record
+-- `raw` holds the caller's head (its generation and parameters, no deferral pending);
+-- nothing when an argument is invalid (a non-number fails its comparison inside the pcall).
+-- capacity * unit + rate <= 2^52 bounds each of the three.
 local function decode(raw)
   local max, arg = 2 ^ 52, ARGV[1]
   local n, tag, gen, pe, capacity, unit, rate, max_elapsed = cmsgpack.unpack_limit(arg, 7)
@@ -28,18 +29,22 @@ local function decode(raw)
       and (commit == 0 or commit == 1)) then
     return
   end
-  local head, level, updated = string.sub(arg, 1, n)
-  if raw and string.sub(raw, 1, n) == head then
-    e, level, updated = cmsgpack.unpack_limit(raw, 2, n)
-    if not (e == -1 and level >= 0 and level <= max and updated >= 0 and updated <= max * 2) then
-      level, updated = nil, nil
+  local level, updated
+  if raw then
+    local rtag, rgen, rpe, rcap, runit, rrate, rmax, rlevel, rupdated, extra =
+      cmsgpack.unpack(raw)
+    if rtag == 1 and rgen == gen and rpe == 0 and rcap == capacity and runit == unit
+        and rrate == rate and rmax == max_elapsed and extra == nil and rlevel >= 0
+        and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 then
+      level, updated = rlevel, rupdated
     end
   end
-  return head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit, level, updated
+  return string.sub(arg, 1, n), gen, capacity, unit, rate, max_elapsed, rule, cost, commit,
+    level, updated
 end
 local ok, head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit, stored, updated =
   pcall(decode, raw)
--- a record after the caller's head that is not MessagePack raised: the arguments alone
+-- a record that is not MessagePack (or holds a non-number) raised: the arguments alone
 if not ok then
   ok, head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit = pcall(decode, nil)
 end

@@ -10,10 +10,10 @@
 //! the policy's generation, 0 for no pending deferral, the policy's parameters: exactly the
 //! first bytes of [`crate::record::encode`]'s output), then the transition rule (0 reset,
 //! 1 carry, 2 proportional, 3 defer until expiry), `cost` and `commit` (1 = acquire, 0 = peek,
-//! which never writes). A script compares the head with the stored record's first bytes, so a
-//! bucket the same policy wrote is decided without decoding its parameters and rewritten
-//! without encoding them (one argument rather than eight: each argument costs Redis about a
-//! thousand instructions per call; see BENCHMARKS.md). It replies one string of five
+//! which never writes). Whenever the caller's generation and parameters govern with no
+//! deferral pending, a script writes the head's bytes as they are followed by the new state, so
+//! only the state is encoded; and one argument rather than eight spares Redis about a thousand
+//! instructions per argument per call (see BENCHMARKS.md). It replies one string of five
 //! little-endian `i64` ([`reply`]): allowed (1/0), remaining, retry_after_us (-1 when allowed),
 //! reset_after_us, limit — where `limit` is that of the policy that governed (a newer stored one
 //! may govern an older caller); `allowed` is -1 when the cost is above that limit (nothing
