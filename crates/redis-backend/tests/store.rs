@@ -785,3 +785,62 @@ async fn urls_with_user_and_password_authenticate() {
     assert!(RedisStore::builder(bad.clone()).build().await.is_err());
     assert!(RedisStore::builder(bad).pool(1).build().await.is_err());
 }
+
+/// The scripts write the state after the caller's head with struct.pack, choosing each
+/// integer's MessagePack encoding by its size: every size writes the bytes `record::encode`
+/// (cmsgpack's smallest encodings) would, with the values the core maths gives.
+#[tokio::test]
+async fn records_hold_each_integer_size_in_its_smallest_encoding() {
+    use tollgate_core::Algorithm;
+    use tollgate_core::algorithm::State;
+    use tollgate_redis::record;
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let mut conn = server.conn();
+    let per_us = Rate::new(1, Duration::from_micros(1));
+    // (policy, cost): the level or count after one acquire falls in each size
+    let cases = [
+        (Policy::token_bucket(200, per_us).unwrap(), 100),
+        (Policy::token_bucket(300, per_us).unwrap(), 100),
+        (Policy::token_bucket(60_000, per_us).unwrap(), 1),
+        (Policy::token_bucket(1 << 31, per_us).unwrap(), 1),
+        (Policy::token_bucket(1 << 40, per_us).unwrap(), 1),
+        (Policy::fixed_window(1 << 40, HOUR).unwrap(), 100),
+        (Policy::fixed_window(1 << 40, HOUR).unwrap(), 200),
+        (Policy::fixed_window(1 << 40, HOUR).unwrap(), 60_000),
+        (Policy::fixed_window(1 << 40, HOUR).unwrap(), 1 << 31),
+        (Policy::fixed_window(1 << 40, HOUR).unwrap(), 1 << 35),
+    ];
+    let mut sizes = [false; 10];
+    for (i, (p, cost)) in cases.iter().enumerate() {
+        let k = key(&format!("sizes{i}"));
+        store.acquire(&k, p, *cost).await.unwrap();
+        let raw: Vec<u8> = redis::cmd("GET")
+            .arg(store.redis_key(&k, p))
+            .query(&mut conn)
+            .unwrap();
+        let rec = record::decode(&raw).unwrap_or_else(|| panic!("{p}: {raw:02x?}"));
+        assert_eq!(record::encode(&rec), raw, "{p}: not the smallest encodings");
+        assert!(
+            raw.starts_with(scripts::args(p, 1, true).head_bytes()),
+            "{p}"
+        );
+        let value = match (p.algorithm(), rec.state) {
+            (Algorithm::TokenBucket(tb), State::TokenBucket(s)) => {
+                assert_eq!(s.level, (tb.capacity - cost) * tb.unit, "{p}");
+                s.level
+            }
+            (Algorithm::FixedWindow(_), State::FixedWindow(s)) => {
+                assert_eq!(s.count, *cost);
+                s.count
+            }
+            other => panic!("{other:?}"),
+        };
+        sizes[(i / 5) * 5
+            + usize::from(value >= 0x80)
+            + usize::from(value > 0xff)
+            + usize::from(value > 0xffff)
+            + usize::from(value > 0xffff_ffff)] = true;
+    }
+    assert_eq!(sizes, [true; 10], "each algorithm, each of the five sizes");
+}
