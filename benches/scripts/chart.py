@@ -15,17 +15,17 @@ for r in rows:
     t = int(r["tasks"])
     series[(r["policy"], f"tollgate, {r['connection']}")].append((t, float(r["tollgate"])))
     if r["connection"] == "multiplexed":
-        series[(r["policy"], "redis-benchmark -P 1")].append((t, float(r["ceiling_p1"])))
-        series[(r["policy"], "redis-benchmark -P 16")].append((t, float(r["ceiling_p16"])))
+        series[(r["policy"], "ceiling -P 1 (same script, bare driver)")].append((t, float(r["ceiling_p1"])))
+        series[(r["policy"], "ceiling -P 16 (same script, bare driver)")].append((t, float(r["ceiling_p16"])))
 policies = sorted({p for p, _ in series})
 colours = {"tollgate, multiplexed": "#0550ae", "tollgate, pool16": "#1a7f37",
-           "redis-benchmark -P 1": "#bf8700", "redis-benchmark -P 16": "#cf222e"}
+           "ceiling -P 1 (same script, bare driver)": "#bf8700", "ceiling -P 16 (same script, bare driver)": "#cf222e"}
 W, H, PW, PH, L, T = 980, 360, 280, 220, 60, 60
 ymax = max(v for pts in series.values() for _, v in pts) * 1.1
 tasks = sorted({int(r["tasks"]) for r in rows})
 out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        '<rect width="100%" height="100%" fill="#fff"/>',
-       f'<text x="{L}" y="24" font-size="15" font-weight="bold">Decisions/s against concurrency: tollgate vs redis-benchmark on the same script and server</text>']
+       f'<text x="{L}" y="24" font-size="15" font-weight="bold">Decisions/s against concurrency: tollgate vs the bare-driver ceiling (redis-benchmark style) on the same script and server</text>']
 for i, pol in enumerate(policies):
     x0 = L + i * (PW + 40)
     def X(t):
