@@ -60,7 +60,7 @@ fn put(out: &mut Vec<u8>, n: u64) {
 
 /// Reads one MessagePack unsigned integer at `pos` (any of its encodings, as
 /// `cmsgpack.unpack` accepts them), or `None` for anything else.
-fn get(raw: &[u8], pos: &mut usize) -> Option<u64> {
+pub(crate) fn get(raw: &[u8], pos: &mut usize) -> Option<u64> {
     let tag = *raw.get(*pos)?;
     let width = match tag {
         0x00..=0x7f => {
@@ -84,36 +84,23 @@ fn get(raw: &[u8], pos: &mut usize) -> Option<u64> {
 /// If the record's parameters and state are of different algorithms.
 pub fn encode(record: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(24);
-    let tag = match record.params {
-        Algorithm::TokenBucket(_) => 1,
-        Algorithm::FixedWindow(_) => 2,
-        Algorithm::SlidingLog(_) => 3,
-        _ => unreachable!("an algorithm without a script"),
-    };
+    let (tag, params, n) = tag_and_params(&record.params).expect("an algorithm without a script");
     put(&mut out, tag);
     put(&mut out, record.generation);
     put(&mut out, record.pending.map_or(0, |p| p + 1));
+    for &p in &params[..n] {
+        put(&mut out, p);
+    }
     match (&record.params, &record.state) {
-        (Algorithm::TokenBucket(p), State::TokenBucket(s)) => {
-            for n in [
-                p.capacity,
-                p.unit,
-                p.rate,
-                p.max_elapsed_micros.unwrap_or(0),
-                s.level,
-                s.updated,
-            ] {
-                put(&mut out, n);
-            }
+        (Algorithm::TokenBucket(_), State::TokenBucket(s)) => {
+            put(&mut out, s.level);
+            put(&mut out, s.updated);
         }
-        (Algorithm::FixedWindow(p), State::FixedWindow(s)) => {
-            for n in [p.limit, p.window_micros, s.window_start, s.count] {
-                put(&mut out, n);
-            }
+        (Algorithm::FixedWindow(_), State::FixedWindow(s)) => {
+            put(&mut out, s.window_start);
+            put(&mut out, s.count);
         }
-        (Algorithm::SlidingLog(p), State::SlidingLog(s)) => {
-            put(&mut out, p.limit);
-            put(&mut out, p.window_micros);
+        (Algorithm::SlidingLog(_), State::SlidingLog(s)) => {
             for &(t, c) in &s.entries {
                 out.extend_from_slice(&(t as f64).to_le_bytes());
                 out.extend_from_slice(&(c as f64).to_le_bytes());
@@ -122,6 +109,28 @@ pub fn encode(record: &Record) -> Vec<u8> {
         _ => panic!("a record whose parameters and state disagree"),
     }
     out
+}
+
+/// A record's tag and parameters in record order (the head after the generation and pending
+/// mark), the first `n` of the array used: shared by [`encode`] and the scripts' argument
+/// ([`crate::scripts::args`]), whose head must be the record's first bytes. `None` for an
+/// algorithm without a script.
+pub(crate) fn tag_and_params(params: &Algorithm) -> Option<(u64, [u64; 4], usize)> {
+    Some(match params {
+        Algorithm::TokenBucket(p) => (
+            1,
+            [
+                p.capacity,
+                p.unit,
+                p.rate,
+                p.max_elapsed_micros.unwrap_or(0),
+            ],
+            4,
+        ),
+        Algorithm::FixedWindow(p) => (2, [p.limit, p.window_micros, 0, 0], 2),
+        Algorithm::SlidingLog(p) => (3, [p.limit, p.window_micros, 0, 0], 2),
+        _ => return None,
+    })
 }
 
 /// Reads a record, or `None` for bytes a script would treat as a missing bucket.

@@ -165,26 +165,9 @@ pub fn args(policy: &Policy, cost: u64, commit: bool) -> Args {
 
 /// The script's argument for one request, or `None` for an algorithm without a script.
 pub fn try_args(policy: &Policy, cost: u64, commit: bool) -> Option<Args> {
+    let (tag, params, n) = crate::record::tag_and_params(policy.algorithm())?;
     let mut a = Args::default();
-    match policy.algorithm() {
-        Algorithm::TokenBucket(tb) => a.head(
-            1,
-            policy.generation(),
-            &[
-                tb.capacity,
-                tb.unit,
-                tb.rate,
-                tb.max_elapsed_micros.unwrap_or(0),
-            ],
-        ),
-        Algorithm::FixedWindow(fw) => {
-            a.head(2, policy.generation(), &[fw.limit, fw.window_micros]);
-        }
-        Algorithm::SlidingLog(sl) => {
-            a.head(3, policy.generation(), &[sl.limit, sl.window_micros]);
-        }
-        _ => return None,
-    }
+    a.head(tag, policy.generation(), &params[..n]);
     a.push(policy.transition().code());
     a.push(cost);
     a.push(u64::from(commit));
@@ -391,27 +374,11 @@ mod tests {
     }
 
     /// Decodes MessagePack unsigned integers (as the scripts' cmsgpack does).
-    fn ints(mut raw: &[u8]) -> Vec<u64> {
+    fn ints(raw: &[u8]) -> Vec<u64> {
+        let mut pos = 0;
         let mut out = Vec::new();
-        while let Some((&tag, rest)) = raw.split_first() {
-            let width = match tag {
-                0x00..=0x7f => 0,
-                0xcc => 1,
-                0xcd => 2,
-                0xce => 4,
-                0xcf => 8,
-                _ => panic!("not an unsigned integer: {tag:#x}"),
-            };
-            if width == 0 {
-                out.push(u64::from(tag));
-            } else {
-                out.push(
-                    rest[..width]
-                        .iter()
-                        .fold(0, |n, &b| (n << 8) | u64::from(b)),
-                );
-            }
-            raw = &rest[width..];
+        while pos < raw.len() {
+            out.push(crate::record::get(raw, &mut pos).expect("an unsigned integer"));
         }
         out
     }
