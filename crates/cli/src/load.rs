@@ -103,6 +103,12 @@ pub(crate) struct LoadArgs {
     /// and per second, so an outage during the run shows where it started and ended.
     #[arg(long, value_enum, default_value_t = FailMode::Closed)]
     fail_mode: FailMode,
+    /// Worker threads of the client's runtime (tasks, connections and the ceiling driver of
+    /// `--compare-redis-benchmark` all run on them); default: one per CPU. Against a Redis on
+    /// the same small machine, `--threads 1` leaves the single-threaded server a core of its
+    /// own (BENCHMARKS.md measures both).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) threads: Option<u16>,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -326,6 +332,8 @@ pub(crate) struct Summary {
     policy: String,
     instances: usize,
     tasks_per_instance: usize,
+    /// Worker threads of the client's runtime.
+    runtime_threads: usize,
     keys: usize,
     cost: u64,
     elapsed_secs: f64,
@@ -570,6 +578,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         policy: args.policy.to_string(),
         instances: args.instances,
         tasks_per_instance: args.tasks,
+        runtime_threads: tokio::runtime::Handle::current().metrics().num_workers(),
         keys: args.keys,
         cost: args.cost,
         elapsed_secs: elapsed.as_secs_f64(),

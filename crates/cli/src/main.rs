@@ -145,9 +145,14 @@ async fn check(args: CheckArgs) -> Result<()> {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Load(load::LoadArgs {
+        threads: Some(n), ..
+    }) = &cli.command
+    {
+        runtime.worker_threads(usize::from(*n));
+    }
+    let runtime = runtime.enable_all().build()?;
     runtime.block_on(async move {
         match cli.command {
             Command::Check(args) => check(args).await,

@@ -101,3 +101,43 @@ fn an_outage_shows_in_the_counts_and_the_timeline_for_every_mode() {
         assert!(max < 600_000.0, "{mode}: a call took {max} us");
     }
 }
+
+/// `--threads N` sizes the client's runtime (reported as `runtime_threads`); zero is refused.
+#[test]
+fn threads_sizes_the_runtime_and_zero_is_refused() {
+    let run = |threads: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args([
+                "load",
+                "--policy",
+                "token-bucket:capacity=10,rate=2",
+                "--tasks",
+                "3",
+                "--requests",
+                "1000",
+                "--threads",
+                threads,
+                "--json",
+            ])
+            .output()
+            .expect("the tollgate binary runs")
+    };
+    for n in [1_u64, 3] {
+        let out = run(&n.to_string());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+        assert_eq!(s["runtime_threads"], n);
+        assert_eq!(s["requests"], 1000);
+    }
+    let out = run("0");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--threads"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
