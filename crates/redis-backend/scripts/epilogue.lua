@@ -1,17 +1,16 @@
 
 -- tollgate script epilogue, appended to every algorithm's script: writes the bucket's record
 -- `rec` when the script set one, keeping the key's expiry when `keep` (a deferral runs out on
--- the old one) or with a new one of `ttl` microseconds, rounded up to milliseconds (at least
--- 1); then replies allowed, remaining, retry, reset, limit in one string (REPLY, see the
+-- the old one) or with a new one of `reset` microseconds (the reply's reset_after_us, an
+-- integer), rounded up to milliseconds (at least 1): (reset + 999) / 1000, which '%d' truncates,
+-- is the ceiling for any reset below 2^53 - 999; then replies allowed, remaining, retry, reset, limit in one string (REPLY, see the
 -- prelude). The milliseconds go as a string made by string.format('%d'): a number argument
 -- costs Redis a "%.17g" conversion, dearer than the call.
 if rec then
   if keep then
     redis.call('SET', K[1], rec, 'KEEPTTL')
   else
-    local ms = ttl > 0 and ttl or 1
-    redis.call('SET', K[1], rec, 'PX',
-      string.format('%d', (ms - ms % 1000) / 1000 + (ms % 1000 > 0 and 1 or 0)))
+    redis.call('SET', K[1], rec, 'PX', string.format('%d', reset > 0 and (reset + 999) / 1000 or 1))
   end
 end
 return struct.pack(REPLY, allowed, remaining, retry, reset, limit)

@@ -8,43 +8,50 @@
 -- record  2, generation, pending, limit, window_us, window_start_us, count
 -- returns allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
 --         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY)
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local raw = redis.call('GET', K[1])
-
--- The arguments, checked, with the head's bytes, and the stored window and count when the
--- record `raw` holds the caller's head (its generation and parameters, no deferral pending);
--- nothing when an argument is invalid (a non-number fails its comparison inside the pcall).
-local function decode(raw)
-  local max, arg = 2 ^ 52, ARGV[1]
-  local n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
-  local e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n)
-  if not (e == -1 and #KEYS == 1 and #ARGV == 1 and tag == 2 and pe == 0 and gen >= 0
-      and gen <= max and gen % 1 == 0 and limit >= 1 and limit <= max and limit % 1 == 0
-      and window >= 1 and window <= max and window % 1 == 0 and rule >= 0 and rule <= 3
-      and rule % 1 == 0 and cost >= 1 and cost <= limit and cost % 1 == 0
-      and (commit == 0 or commit == 1)) then
-    return
-  end
-  local start, count
-  if raw then
-    local rtag, rgen, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
-    if rtag == 2 and rgen == gen and rpe == 0 and rlimit == limit and rwindow == window
-        and extra == nil and rstart >= 0 and rstart <= max * 2 and rcount >= 0
-        and rcount <= max then
-      start, count = rstart, rcount
-    end
-  end
-  return string.sub(arg, 1, n), gen, limit, window, rule, cost, commit, start, count
+-- The arguments, checked inline (see the prelude: no closure, no pcall): the head's bytes
+-- and the values. A value of another type than number where the checks compare it (a
+-- MessagePack string, nil, ...), or an argument that is not MessagePack, raises a Lua error
+-- before anything is written; every other invalid argument is refused by `slow().refuse`.
+local arg, n, tag, gen, pe, limit, window, e, rule, cost, commit
+if #K == 1 and #ARGV == 1 then
+  arg = ARGV[1]
+  n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
+  if n > 0 then e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n) end
 end
-local ok, head, gen, limit, window, rule, cost, commit, st, cnt = pcall(decode, raw)
--- a record that is not MessagePack (or holds a non-number) raised: the arguments alone
-if not ok then ok, head, gen, limit, window, rule, cost, commit = pcall(decode, nil) end
-if not (ok and head) then
+if not (e == -1 and tag == 2 and pe == 0 and (commit == 0 or commit == 1) and gen >= 0
+    and gen <= MAX and gen % 1 == 0 and limit >= 1 and limit <= MAX and limit % 1 == 0
+    and window >= 1 and window <= MAX and window % 1 == 0
+    and (rule == 0 or rule == 1 or rule == 2 or rule == 3) and cost >= 1 and cost <= limit
+    and cost % 1 == 0) then
   return slow().refuse({ 'tag', 2, 2, 'generation', 0, MAX, 'pending', 0, 0, 'limit', 1, MAX,
     'window_us', 1, MAX, 'transition', 0, 3, 'cost', 1, MAX, 'commit', 0, 1 }, function(v)
     if v[7] > v[4] then return 'cost exceeds limit' end
   end)
+end
+local head = string.sub(arg, 1, n)
+
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local raw = redis.call('GET', K[1])
+
+-- The stored record's fields, or nothing when it is malformed (a missing bucket): run by
+-- pcall, since a record that is not MessagePack, or holds a non-number where a number
+-- belongs, raises. Captures nothing; only a stored bucket pays for it. st, cnt: the stored
+-- window and count when the record holds the caller's head (no deferral pending).
+local st, cnt, ok, rg, rpe, rlimit, rwindow, rstart, rcount
+if raw then
+  ok, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(function(raw, max)
+    local tag, rg, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
+    if tag == 2 and rcount and extra == nil and rg >= 0 and rg <= max and rpe >= 0
+        and rpe <= max + 1 and rlimit >= 1 and rlimit <= max and rwindow >= 1
+        and rwindow <= max and rstart >= 0 and rstart <= max * 2 and rcount >= 0
+        and rcount <= max then
+      return rg, rpe, rlimit, rwindow, rstart, rcount
+    end
+  end, raw, MAX)
+  if ok and rcount and rg == gen and rpe == 0 and rlimit == limit and rwindow == window then
+    st, cnt = rstart, rcount
+  end
 end
 
 -- the governing parameters, generation and pending deferral, whether they are the caller's
@@ -52,19 +59,7 @@ end
 local glimit, gwindow, g, pe, own, changed, keep = limit, window, gen, 0, true, st == nil, false
 if raw and not cnt then
   -- The general path: a record of other parameters, generation or a pending deferral (or a
-  -- malformed one: a missing bucket). Its fields, or nothing: a non-number fails its
-  -- comparison inside the pcall.
-  local function record()
-    local tag, rg, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
-    if tag == 2 and rcount and extra == nil and rg >= 0 and rg <= MAX and rpe >= 0
-        and rpe <= MAX + 1 and rlimit >= 1 and rlimit <= MAX and rwindow >= 1
-        and rwindow <= MAX and rstart >= 0 and rstart <= MAX * 2 and rcount >= 0
-        and rcount <= MAX then
-      return rg, rpe, rlimit, rwindow, rstart, rcount
-    end
-  end
-  local rg, rpe, rlimit, rwindow, rstart, rcount
-  ok, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(record)
+  -- malformed one: a missing bucket).
   if ok and rcount then
     local newer = gen > rg or (gen == rg and not (rlimit == limit and rwindow == window))
     if newer and rpe <= gen and rule ~= 3 then
@@ -102,9 +97,8 @@ local allowed, retry = 0, until_end
 if count + cost <= glimit then allowed, retry, count = 1, -1, count + cost end
 
 -- the record to write (epilogue.lua; a denial writes only a policy change), and the reply
-local rec, ttl
+local rec
 if commit == 1 and (allowed == 1 or changed) then
-  ttl = until_end
   if own and start >= 4294967296 then
     -- head .. start, count in one struct.pack: start (a time, 2^32 and up) as uint64, count
     -- in its smallest MessagePack encoding (as cmsgpack.pack writes it)

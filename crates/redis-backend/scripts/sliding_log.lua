@@ -11,28 +11,28 @@
 -- returns allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
 --         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY)
 local MAX_ENTRIES = 1000
--- The arguments, checked; nothing when one is invalid (a non-number fails its comparison
--- inside the pcall).
-local function decode()
-  local max, arg = 2 ^ 52, ARGV[1]
-  local n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
-  local e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n)
-  if e == -1 and #KEYS == 1 and #ARGV == 1 and tag == 3 and pe == 0 and gen >= 0
-      and gen <= max and gen % 1 == 0 and limit >= 1 and limit <= 1000 and limit % 1 == 0
-      and window >= 1 and window <= max and window % 1 == 0 and rule >= 0 and rule <= 3
-      and rule % 1 == 0 and cost >= 1 and cost <= limit and cost % 1 == 0
-      and (commit == 0 or commit == 1) then
-    return string.sub(arg, 1, n), gen, limit, window, rule, cost, commit
-  end
+-- The arguments, checked inline (see the prelude: no closure, no pcall): the head's bytes
+-- and the values. A value of another type than number where the checks compare it (a
+-- MessagePack string, nil, ...), or an argument that is not MessagePack, raises a Lua error
+-- before anything is written; every other invalid argument is refused by `slow().refuse`.
+local arg, n, tag, gen, pe, limit, window, e, rule, cost, commit
+if #K == 1 and #ARGV == 1 then
+  arg = ARGV[1]
+  n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
+  if n > 0 then e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n) end
 end
-local ok, head, gen, limit, window, rule, cost, commit = pcall(decode)
-if not (ok and head) then
+if not (e == -1 and tag == 3 and pe == 0 and (commit == 0 or commit == 1) and gen >= 0
+    and gen <= MAX and gen % 1 == 0 and limit >= 1 and limit <= MAX_ENTRIES
+    and limit % 1 == 0 and window >= 1 and window <= MAX and window % 1 == 0
+    and (rule == 0 or rule == 1 or rule == 2 or rule == 3) and cost >= 1 and cost <= limit
+    and cost % 1 == 0) then
   return slow().refuse({ 'tag', 3, 3, 'generation', 0, MAX, 'pending', 0, 0, 'limit', 1,
     MAX_ENTRIES, 'window_us', 1, MAX, 'transition', 0, 3, 'cost', 1, MAX, 'commit', 0, 1 },
     function(v)
       if v[7] > v[4] then return 'cost exceeds limit' end
     end)
 end
+local head = string.sub(arg, 1, n)
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -64,7 +64,7 @@ local function record(raw)
   end
   return sr
 end
-local sr
+local ok, sr
 if raw then
   ok, sr = pcall(record, raw)
   if not ok then sr = nil end
@@ -147,7 +147,7 @@ local reset = 0
 if newest then reset = newest + gwindow - now end
 
 -- the record to write (epilogue.lua; a denial writes only a policy change), and the reply
-local rec, ttl
+local rec
 if commit == 1 and (allowed == 1 or changed) then
   -- only an admission prunes: a denial keeps every entry
   local from = first
@@ -172,6 +172,5 @@ if commit == 1 and (allowed == 1 or changed) then
   else
     rec = cmsgpack.pack(3, g, pe, glimit, gwindow) .. kept
   end
-  ttl = reset
 end
 local remaining, limit = math.max(glimit - sum, 0), glimit

@@ -9,46 +9,22 @@
 -- record  1, generation, pending, capacity, unit, rate, max_elapsed_us, level_units, updated_us
 -- returns allowed 1/0 (-1: cost above the governing capacity, nothing written), remaining,
 --         retry_after_us (-1 when allowed), reset_after_us, governing capacity (REPLY)
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local raw = redis.call('GET', K[1])
-
--- The arguments, checked, with the head's bytes, and the stored level and time when the record
--- `raw` holds the caller's head (its generation and parameters, no deferral pending);
--- nothing when an argument is invalid (a non-number fails its comparison inside the pcall).
+-- The arguments, checked inline (see the prelude: no closure, no pcall): the head's bytes
+-- and the values. A value of another type than number where the checks compare it (a
+-- MessagePack string, nil, ...), or an argument that is not MessagePack, raises a Lua error
+-- before anything is written; every other invalid argument is refused by `slow().refuse`.
 -- capacity * unit + rate <= 2^52 bounds each of the three.
-local function decode(raw)
-  local max, arg = 2 ^ 52, ARGV[1]
-  local n, tag, gen, pe, capacity, unit, rate, max_elapsed = cmsgpack.unpack_limit(arg, 7)
-  local e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n)
-  if not (e == -1 and #KEYS == 1 and #ARGV == 1 and tag == 1 and pe == 0 and gen >= 0
-      and gen <= max and gen % 1 == 0 and capacity >= 1 and capacity % 1 == 0 and unit >= 1
-      and unit % 1 == 0 and rate >= 1 and rate % 1 == 0 and capacity * unit + rate <= max
-      and max_elapsed >= 0 and max_elapsed <= max and max_elapsed % 1 == 0 and rule >= 0
-      and rule <= 3 and rule % 1 == 0 and cost >= 1 and cost <= capacity and cost % 1 == 0
-      and (commit == 0 or commit == 1)) then
-    return
-  end
-  local level, updated
-  if raw then
-    local rtag, rgen, rpe, rcap, runit, rrate, rmax, rlevel, rupdated, extra =
-      cmsgpack.unpack(raw)
-    if rtag == 1 and rgen == gen and rpe == 0 and rcap == capacity and runit == unit
-        and rrate == rate and rmax == max_elapsed and extra == nil and rlevel >= 0
-        and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 then
-      level, updated = rlevel, rupdated
-    end
-  end
-  return string.sub(arg, 1, n), gen, capacity, unit, rate, max_elapsed, rule, cost, commit,
-    level, updated
+local arg, n, tag, gen, pe, capacity, unit, rate, max_elapsed, e, rule, cost, commit
+if #K == 1 and #ARGV == 1 then
+  arg = ARGV[1]
+  n, tag, gen, pe, capacity, unit, rate, max_elapsed = cmsgpack.unpack_limit(arg, 7)
+  if n > 0 then e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n) end
 end
-local ok, head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit, stored, updated =
-  pcall(decode, raw)
--- a record that is not MessagePack (or holds a non-number) raised: the arguments alone
-if not ok then
-  ok, head, gen, capacity, unit, rate, max_elapsed, rule, cost, commit = pcall(decode, nil)
-end
-if not (ok and head) then
+if not (e == -1 and tag == 1 and pe == 0 and (commit == 0 or commit == 1) and gen >= 0
+    and gen <= MAX and gen % 1 == 0 and capacity >= 1 and capacity % 1 == 0 and unit >= 1
+    and unit % 1 == 0 and rate >= 1 and rate % 1 == 0 and capacity * unit + rate <= MAX
+    and max_elapsed >= 0 and max_elapsed <= MAX and max_elapsed % 1 == 0
+    and (rule == 0 or rule == 1 or rule == 2 or rule == 3) and cost >= 1 and cost <= capacity and cost % 1 == 0) then
   return slow().refuse({ 'tag', 1, 1, 'generation', 0, MAX, 'pending', 0, 0, 'capacity', 1,
     MAX, 'unit', 1, MAX, 'rate', 1, MAX, 'max_elapsed_us', 0, MAX, 'transition', 0, 3, 'cost',
     1, MAX, 'commit', 0, 1 }, function(v)
@@ -56,25 +32,40 @@ if not (ok and head) then
     if v[9] > v[4] then return 'cost exceeds capacity' end
   end)
 end
+local head = string.sub(arg, 1, n)
 
--- the governing parameters, generation and pending deferral; whether they are the caller's
--- head (then the record is written as head .. state)
-local gcap, gunit, grate, gmax, g, pe, own, keep = capacity, unit, rate, max_elapsed, gen, 0, true
-if raw and not stored then
-  -- The general path: a record of other parameters, generation or a pending deferral (or a
-  -- malformed one: a missing bucket). Its fields, or nothing: a non-number fails its
-  -- comparison inside the pcall.
-  local function record()
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local raw = redis.call('GET', K[1])
+
+-- The stored record's fields, or nothing when it is malformed (a missing bucket): run by
+-- pcall, since a record that is not MessagePack, or holds a non-number where a number
+-- belongs, raises. Captures nothing; only a stored bucket pays for it.
+local stored, updated, ok, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
+if raw then
+  ok, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(function(raw, max)
     local tag, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated, extra = cmsgpack.unpack(raw)
-    if tag == 1 and rupdated and extra == nil and rg >= 0 and rg <= MAX and rpe >= 0
-        and rpe <= MAX + 1 and rcap >= 1 and runit >= 1 and rrate >= 1
-        and rcap * runit + rrate <= MAX and rmax >= 0 and rmax <= MAX and rlevel >= 0
-        and rlevel <= MAX and rupdated >= 0 and rupdated <= MAX * 2 then
+    if tag == 1 and rupdated and extra == nil and rg >= 0 and rg <= max and rpe >= 0
+        and rpe <= max + 1 and rcap >= 1 and runit >= 1 and rrate >= 1
+        and rcap * runit + rrate <= max and rmax >= 0 and rmax <= max and rlevel >= 0
+        and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 then
       return rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
     end
+  end, raw, MAX)
+  -- the caller's own head, no deferral pending: the stored level and time as they are
+  if ok and rupdated and rg == gen and rpe == 0 and rcap == capacity and runit == unit
+      and rrate == rate and rmax == max_elapsed then
+    stored, updated = rlevel, rupdated
   end
-  local rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
-  ok, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(record)
+end
+
+-- From here on capacity, unit, rate, max_elapsed, gen and pe are the governing parameters,
+-- generation and pending deferral (the caller's unless the stored ones govern); own: they are
+-- the caller's head (then the record is written as head .. state); keep: keep the key's expiry
+local own, keep = true
+if raw and not stored then
+  -- The general path: a record of other parameters, generation or a pending deferral (or a
+  -- malformed one: a missing bucket).
   if ok and rupdated then
     local same = rcap == capacity and runit == unit and rrate == rate and rmax == max_elapsed
     local newer = gen > rg or (gen == rg and not same)
@@ -96,51 +87,53 @@ if raw and not stored then
       end
     else
       -- the stored parameters govern; a newer caller with rule 3 starts a deferral
-      gcap, gunit, grate, gmax, g, stored, updated = rcap, runit, rrate, rmax, rg, rlevel, rupdated
-      own = false
       if newer and rpe <= gen then
         pe, keep = gen + 1, true
       else
         pe, keep = rpe, rpe > 0
       end
+      -- a cost above the stored capacity: -1, nothing written (the caller's was checked)
+      if cost > rcap then return struct.pack(REPLY, -1, 0, -1, 0, rcap) end
+      capacity, unit, rate, max_elapsed, gen, stored, updated =
+        rcap, runit, rrate, rmax, rg, rlevel, rupdated
+      own = false
     end
   end
 end
-if cost > gcap then return struct.pack(REPLY, -1, 0, -1, 0, gcap) end
-
-local cap = gcap * gunit
-if not stored then stored, updated = cap, now end
-local eff = updated > now and updated or now
--- refill for the elapsed time (capped), never past capacity: elapsed >= ceil(d / rate) is
--- elapsed * rate >= d, exact (a product past 2^53 rounds to a value still above d)
-local level = stored < cap and stored or cap
-local elapsed, d = eff - updated, cap - level
-if gmax > 0 and elapsed > gmax then elapsed = gmax end
-if elapsed * grate >= d then
-  level = cap
-else
-  level = level + elapsed * grate
+local cap = capacity * unit
+local level, eff = cap, now -- a missing bucket is full
+if stored then
+  -- refill for the elapsed time (capped), never past capacity: elapsed >= ceil(d / rate) is
+  -- elapsed * rate >= d, exact (a product past 2^53 rounds to a value still above d)
+  eff = updated > now and updated or now
+  level = stored < cap and stored or cap
+  local elapsed, d = eff - updated, cap - level
+  if max_elapsed > 0 and elapsed > max_elapsed then elapsed = max_elapsed end
+  if elapsed * rate >= d then
+    level = cap
+  else
+    level = level + elapsed * rate
+  end
 end
 
-local need = cost * gunit
-local allowed, retry, m = 1, -1, 0
+local need = cost * unit
+local allowed, retry, d, m = 1, -1
 if level >= need then
   level = level - need
 else
   d = need - level
-  m = d % grate
-  local wait = (d - m) / grate + (m > 0 and 1 or 0)
-  if gmax > 0 and wait > gmax then wait = gmax end
+  m = d % rate
+  local wait = (d - m) / rate + (m > 0 and 1 or 0)
+  if max_elapsed > 0 and wait > max_elapsed then wait = max_elapsed end
   allowed, retry = 0, (eff - now) + wait
 end
 d = cap - level
-m = d % grate
-local reset = (eff - now) + (d - m) / grate + (m > 0 and 1 or 0)
+m = d % rate
+local reset = (eff - now) + (d - m) / rate + (m > 0 and 1 or 0)
 
 -- the record to write (epilogue.lua), and the reply
-local rec, ttl
+local rec
 if commit == 1 then
-  ttl = reset
   if own and eff >= 4294967296 then
     -- head .. level, eff in one struct.pack: level in its smallest MessagePack encoding (as
     -- cmsgpack.pack writes it), eff (a time, 2^32 and up) as uint64
@@ -158,7 +151,7 @@ if commit == 1 then
   elseif own then
     rec = head .. cmsgpack.pack(level, eff)
   else
-    rec = cmsgpack.pack(1, g, pe, gcap, gunit, grate, gmax, level, eff)
+    rec = cmsgpack.pack(1, gen, pe, capacity, unit, rate, max_elapsed, level, eff)
   end
 end
-local remaining, limit = (level - level % gunit) / gunit, gcap
+local remaining, limit = (level - level % unit) / unit, capacity
