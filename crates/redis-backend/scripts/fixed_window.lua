@@ -34,24 +34,30 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local raw = redis.call('GET', K[1])
 
--- The stored record's fields, or nothing when it is malformed (a missing bucket): run by
--- pcall, since a record that is not MessagePack, or holds a non-number where a number
--- belongs, raises. Captures nothing; only a stored bucket pays for it. st, cnt: the stored
--- window and count when the record holds the caller's head (no deferral pending).
-local st, cnt, ok, rg, rpe, rlimit, rwindow, rstart, rcount
+-- The stored record, run by pcall (a record that is not MessagePack, or holds a non-number
+-- where a number belongs, raises: a missing bucket). Captures nothing; only a stored bucket
+-- pays for it. A record of the caller's own head with no deferral pending (every call but
+-- those of a policy change) is recognised by its head's fields alone and gives its window
+-- and count (st, cnt); any other gives all its fields, checked, for the general path, and a
+-- malformed one nothing.
+local st, cnt, ok, mine, rg, rpe, rlimit, rwindow, rstart, rcount
 if raw then
-  ok, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(function(raw, max)
+  ok, mine, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(function(raw, max, gen, limit,
+      window)
     local tag, rg, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
+    if tag == 2 and rg == gen and rpe == 0 and rlimit == limit and rwindow == window
+        and extra == nil and rstart >= 0 and rstart <= max * 2 and rcount >= 0
+        and rcount <= max then
+      return true, rstart, rcount
+    end
     if tag == 2 and rcount and extra == nil and rg >= 0 and rg <= max and rpe >= 0
         and rpe <= max + 1 and rlimit >= 1 and rlimit <= max and rwindow >= 1
         and rwindow <= max and rstart >= 0 and rstart <= max * 2 and rcount >= 0
         and rcount <= max then
-      return rg, rpe, rlimit, rwindow, rstart, rcount
+      return false, rg, rpe, rlimit, rwindow, rstart, rcount
     end
-  end, raw, MAX)
-  if ok and rcount and rg == gen and rpe == 0 and rlimit == limit and rwindow == window then
-    st, cnt = rstart, rcount
-  end
+  end, raw, MAX, gen, limit, window)
+  if ok and mine then st, cnt = rg, rpe end
 end
 
 -- the governing parameters, generation and pending deferral, whether they are the caller's

@@ -38,25 +38,30 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local raw = redis.call('GET', K[1])
 
--- The stored record's fields, or nothing when it is malformed (a missing bucket): run by
--- pcall, since a record that is not MessagePack, or holds a non-number where a number
--- belongs, raises. Captures nothing; only a stored bucket pays for it.
-local stored, updated, ok, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
+-- The stored record, run by pcall (a record that is not MessagePack, or holds a non-number
+-- where a number belongs, raises: a missing bucket). Captures nothing; only a stored bucket
+-- pays for it. A record of the caller's own head with no deferral pending (every call but
+-- those of a policy change) is recognised by its head's fields alone and gives its level and
+-- time (stored, updated); any other gives all its fields, checked, for the general path, and
+-- a malformed one nothing.
+local stored, updated, ok, mine, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
 if raw then
-  ok, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(function(raw, max)
+  ok, mine, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(function(raw, max,
+      gen, capacity, unit, rate, max_elapsed)
     local tag, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated, extra = cmsgpack.unpack(raw)
+    if tag == 1 and rg == gen and rpe == 0 and rcap == capacity and runit == unit
+        and rrate == rate and rmax == max_elapsed and extra == nil and rlevel >= 0
+        and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 then
+      return true, rlevel, rupdated
+    end
     if tag == 1 and rupdated and extra == nil and rg >= 0 and rg <= max and rpe >= 0
         and rpe <= max + 1 and rcap >= 1 and runit >= 1 and rrate >= 1
         and rcap * runit + rrate <= max and rmax >= 0 and rmax <= max and rlevel >= 0
         and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 then
-      return rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
+      return false, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
     end
-  end, raw, MAX)
-  -- the caller's own head, no deferral pending: the stored level and time as they are
-  if ok and rupdated and rg == gen and rpe == 0 and rcap == capacity and runit == unit
-      and rrate == rate and rmax == max_elapsed then
-    stored, updated = rlevel, rupdated
-  end
+  end, raw, MAX, gen, capacity, unit, rate, max_elapsed)
+  if ok and mine then stored, updated = rg, rpe end
 end
 
 -- From here on capacity, unit, rate, max_elapsed, gen and pe are the governing parameters,

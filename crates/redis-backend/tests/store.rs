@@ -809,14 +809,23 @@ async fn records_hold_each_integer_size_in_its_smallest_encoding() {
     let server = Server::start();
     let store = server.multiplexed().await;
     let mut conn = server.conn();
+    // One token per microsecond (one unit per token); each token bucket takes 10 s to refill
+    // what one acquire spends, so its key outlives the read below by far.
     let per_us = Rate::new(1, Duration::from_micros(1));
+    let slow = 10_000_000;
     // (policy, cost): the level or count after one acquire falls in each size
     let cases = [
-        (Policy::token_bucket(200, per_us).unwrap(), 100),
-        (Policy::token_bucket(300, per_us).unwrap(), 100),
-        (Policy::token_bucket(60_000, per_us).unwrap(), 1),
-        (Policy::token_bucket(1 << 31, per_us).unwrap(), 1),
-        (Policy::token_bucket(1 << 40, per_us).unwrap(), 1),
+        (Policy::token_bucket(100 + slow, per_us).unwrap(), slow),
+        (Policy::token_bucket(200 + slow, per_us).unwrap(), slow),
+        (Policy::token_bucket(60_000 + slow, per_us).unwrap(), slow),
+        (
+            Policy::token_bucket((1 << 31) + slow, per_us).unwrap(),
+            slow,
+        ),
+        (
+            Policy::token_bucket((1 << 40) + slow, per_us).unwrap(),
+            slow,
+        ),
         (Policy::fixed_window(1 << 40, HOUR).unwrap(), 100),
         (Policy::fixed_window(1 << 40, HOUR).unwrap(), 200),
         (Policy::fixed_window(1 << 40, HOUR).unwrap(), 60_000),
