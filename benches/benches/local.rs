@@ -10,7 +10,8 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -157,16 +158,43 @@ fn bench<L: Limiter>(
         });
         return;
     }
-    group.bench_function(name, |b| {
-        b.iter_custom(|iters| {
-            let iters = iters as usize;
-            let start = Instant::now();
-            let workers: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (limiter, keys) = (Arc::clone(&limiter), Arc::clone(keys));
-                    let ops = iters / threads + usize::from(t < iters % threads);
-                    thread::spawn(move || {
-                        let mut i = t * n / threads;
+    // The threads live for the whole benchmark and run each sample's share between two
+    // barriers, as a server's long-lived workers would. Spawning them per sample measured the
+    // scheduler's placement of new threads too (for their first milliseconds two new threads
+    // may share one CPU, where a lock holder can be preempted): it put 10-20 ns on
+    // LocalStore's two-thread hot-key decisions (72-79 ns per sample-spawned call against
+    // 55-65 with long-lived threads, same code) and little on governor's (BENCHMARKS.md).
+    let pool = Pool::new(threads, &limiter, keys);
+    group.bench_function(name, |b| b.iter_custom(|iters| pool.run(iters)));
+}
+
+/// `threads` workers making decisions on one limiter, each sample's calls split between them.
+struct Pool {
+    barrier: Arc<Barrier>,
+    /// Calls for the next sample, in total; `u64::MAX` tells the workers to stop.
+    iters: Arc<AtomicU64>,
+    workers: Vec<thread::JoinHandle<()>>,
+}
+
+impl Pool {
+    fn new<L: Limiter>(threads: usize, limiter: &Arc<L>, keys: &Arc<Vec<Key>>) -> Self {
+        let barrier = Arc::new(Barrier::new(threads + 1));
+        let iters = Arc::new(AtomicU64::new(0));
+        let n = keys.len();
+        let workers = (0..threads)
+            .map(|t| {
+                let (limiter, keys) = (Arc::clone(limiter), Arc::clone(keys));
+                let (barrier, iters) = (Arc::clone(&barrier), Arc::clone(&iters));
+                let mut i = t * n / threads;
+                thread::spawn(move || {
+                    loop {
+                        barrier.wait();
+                        let total = iters.load(Ordering::Acquire);
+                        if total == u64::MAX {
+                            return;
+                        }
+                        let total = total as usize;
+                        let ops = total / threads + usize::from(t < total % threads);
                         for _ in 0..ops {
                             black_box(limiter.check(&keys[i]));
                             i += 1;
@@ -174,15 +202,36 @@ fn bench<L: Limiter>(
                                 i = 0;
                             }
                         }
-                    })
+                        barrier.wait();
+                    }
                 })
-                .collect();
-            for w in workers {
-                w.join().unwrap();
-            }
-            start.elapsed()
-        });
-    });
+            })
+            .collect();
+        Self {
+            barrier,
+            iters,
+            workers,
+        }
+    }
+
+    /// Wall time for `iters` calls split between the workers.
+    fn run(&self, iters: u64) -> Duration {
+        self.iters.store(iters, Ordering::Release);
+        let start = Instant::now();
+        self.barrier.wait();
+        self.barrier.wait();
+        start.elapsed()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.iters.store(u64::MAX, Ordering::Release);
+        self.barrier.wait();
+        for w in self.workers.drain(..) {
+            w.join().unwrap();
+        }
+    }
 }
 
 fn scenario(c: &mut Criterion, s: Scenario, key_counts: &[usize]) {
