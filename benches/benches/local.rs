@@ -187,10 +187,14 @@ impl Pool {
                 let (barrier, iters) = (Arc::clone(&barrier), Arc::clone(&iters));
                 let mut i = t * n / threads;
                 thread::spawn(move || {
+                    // A panic here would leave the others waiting at the barrier for ever:
+                    // end the process instead.
+                    let abort = AbortOnPanic;
                     loop {
                         barrier.wait();
                         let total = iters.load(Ordering::Acquire);
                         if total == u64::MAX {
+                            std::mem::forget(abort);
                             return;
                         }
                         let total = total as usize;
@@ -221,6 +225,16 @@ impl Pool {
         self.barrier.wait();
         self.barrier.wait();
         start.elapsed()
+    }
+}
+
+/// Aborts the process when dropped, i.e. when the worker holding it unwinds.
+struct AbortOnPanic;
+
+impl Drop for AbortOnPanic {
+    fn drop(&mut self) {
+        eprintln!("a bench worker panicked");
+        std::process::abort();
     }
 }
 

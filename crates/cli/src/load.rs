@@ -647,8 +647,8 @@ fn progress_bar(total: u64, json: bool) -> Option<ProgressBar> {
 
 fn print_human(s: &Summary) {
     println!(
-        "store       {} ({} instance(s) x {} task(s), {} key(s), cost {})",
-        s.store, s.instances, s.tasks_per_instance, s.keys, s.cost
+        "store       {} ({} instance(s) x {} task(s), {} key(s), cost {}; {} runtime thread(s))",
+        s.store, s.instances, s.tasks_per_instance, s.keys, s.cost, s.runtime_threads
     );
     println!("policy      {}", s.policy);
     println!("elapsed     {:.3} s", s.elapsed_secs);

@@ -1,10 +1,11 @@
 
 -- tollgate script epilogue, appended to every algorithm's script: writes the bucket's record
 -- `rec` when the script set one, keeping the key's expiry when `keep` (a deferral runs out on
--- the old one) or with a new one of `reset` microseconds (the reply's reset_after_us, an
--- integer), rounded up to milliseconds (at least 1): (reset + 999) / 1000, which '%d' truncates,
--- is the ceiling for any reset below 2^53 - 999; then replies allowed, remaining, retry, reset, limit in one string (REPLY, see the
--- prelude). The milliseconds go as a string made by string.format('%d'): a number argument
+-- the old one) or with a new one of `reset` microseconds (the reply's reset_after_us: an
+-- integer, as the scripts accept only integer records and arguments), rounded up to
+-- milliseconds (at least 1): (reset + 999) / 1000, which '%d' truncates, is the ceiling for
+-- an integer reset below 2^53 - 999; then replies allowed, remaining, retry, reset, limit in
+-- one string (REPLY, see the prelude). The milliseconds go as a string made by string.format('%d'): a number argument
 -- costs Redis a "%.17g" conversion, dearer than the call.
 if rec then
   if keep then

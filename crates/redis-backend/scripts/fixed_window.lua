@@ -39,7 +39,8 @@ local raw = redis.call('GET', K[1])
 -- pays for it. A record of the caller's own head with no deferral pending (every call but
 -- those of a policy change) is recognised by its head's fields alone and gives its window
 -- and count (st, cnt); any other gives all its fields, checked, for the general path, and a
--- malformed one nothing.
+-- malformed one nothing. Every field must be an integer (this crate writes no other), so that
+-- every time derived from them is one (the epilogue's PX rounding relies on it).
 local st, cnt, ok, mine, rg, rpe, rlimit, rwindow, rstart, rcount
 if raw then
   ok, mine, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(function(raw, max, gen, limit,
@@ -47,13 +48,14 @@ if raw then
     local tag, rg, rpe, rlimit, rwindow, rstart, rcount, extra = cmsgpack.unpack(raw)
     if tag == 2 and rg == gen and rpe == 0 and rlimit == limit and rwindow == window
         and extra == nil and rstart >= 0 and rstart <= max * 2 and rcount >= 0
-        and rcount <= max then
+        and rcount <= max and rstart % 1 + rcount % 1 == 0 then
       return true, rstart, rcount
     end
     if tag == 2 and rcount and extra == nil and rg >= 0 and rg <= max and rpe >= 0
         and rpe <= max + 1 and rlimit >= 1 and rlimit <= max and rwindow >= 1
         and rwindow <= max and rstart >= 0 and rstart <= max * 2 and rcount >= 0
-        and rcount <= max then
+        and rcount <= max and rg % 1 + rpe % 1 + rlimit % 1 + rwindow % 1 + rstart % 1
+        + rcount % 1 == 0 then
       return false, rg, rpe, rlimit, rwindow, rstart, rcount
     end
   end, raw, MAX, gen, limit, window)

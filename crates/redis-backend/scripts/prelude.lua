@@ -22,7 +22,8 @@
 -- instructions less than doing it in a pcall'd function — keeps its numbers in locals, writes
 -- the state with one struct.pack and replies one string (REPLY below), not a table. The price
 -- of the inline checks: a value that is not a number (a MessagePack string, nil, ...) where a
--- check compares it raises a plain Lua error rather than the `ERR tollgate:` refusal; every
+-- check compares it, or an argument that is not MessagePack (cut inside a value, a reserved
+-- byte: cmsgpack raises), gets a plain Lua error rather than the `ERR tollgate:` refusal; every
 -- check still runs before anything is written, and a NaN, infinite, fractional, negative or
 -- out-of-range number fails its check (written `x >= lo and ...`, false for NaN) and is
 -- refused. Only a stored record is decoded in a pcall (it may be anything), by a function that

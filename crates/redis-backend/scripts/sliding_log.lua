@@ -39,12 +39,14 @@ local now = t[1] * 1000000 + t[2]
 
 local raw = redis.call('GET', K[1])
 -- the stored record `sr`: header fields and entries, or nothing when it is malformed (a missing
--- bucket): a non-number fails its comparison inside the pcall. Captures no local.
+-- bucket): a non-number fails its comparison inside the pcall; every number must be an
+-- integer (this crate writes no other). Captures no local.
 local function record(raw)
   local unpack, max = struct.unpack, 2 ^ 52
   local next, tag, rg, rpe, rlimit, rwindow = cmsgpack.unpack_limit(raw, 5)
   if not (tag == 3 and rwindow and rg >= 0 and rg <= max and rpe >= 0 and rpe <= max + 1
-      and rlimit >= 1 and rlimit <= 1000 and rwindow >= 1 and rwindow <= max) then
+      and rlimit >= 1 and rlimit <= 1000 and rwindow >= 1 and rwindow <= max
+      and rg % 1 + rpe % 1 + rlimit % 1 + rwindow % 1 == 0) then
     return nil
   end
   local base = next < 0 and #raw + 1 or next + 1

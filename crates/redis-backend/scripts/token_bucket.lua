@@ -43,7 +43,8 @@ local raw = redis.call('GET', K[1])
 -- pays for it. A record of the caller's own head with no deferral pending (every call but
 -- those of a policy change) is recognised by its head's fields alone and gives its level and
 -- time (stored, updated); any other gives all its fields, checked, for the general path, and
--- a malformed one nothing.
+-- a malformed one nothing. Every field must be an integer (this crate writes no other), so
+-- that every time derived from them is one (the epilogue's PX rounding relies on it).
 local stored, updated, ok, mine, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
 if raw then
   ok, mine, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(function(raw, max,
@@ -51,13 +52,15 @@ if raw then
     local tag, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated, extra = cmsgpack.unpack(raw)
     if tag == 1 and rg == gen and rpe == 0 and rcap == capacity and runit == unit
         and rrate == rate and rmax == max_elapsed and extra == nil and rlevel >= 0
-        and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 then
+        and rlevel <= max and rlevel % 1 == 0 and rupdated >= 0 and rupdated <= max * 2
+        and rupdated % 1 == 0 then
       return true, rlevel, rupdated
     end
     if tag == 1 and rupdated and extra == nil and rg >= 0 and rg <= max and rpe >= 0
         and rpe <= max + 1 and rcap >= 1 and runit >= 1 and rrate >= 1
         and rcap * runit + rrate <= max and rmax >= 0 and rmax <= max and rlevel >= 0
-        and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 then
+        and rlevel <= max and rupdated >= 0 and rupdated <= max * 2 and rg % 1 + rpe % 1
+        + rcap % 1 + runit % 1 + rrate % 1 + rmax % 1 + rlevel % 1 + rupdated % 1 == 0 then
       return false, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
     end
   end, raw, MAX, gen, capacity, unit, rate, max_elapsed)

@@ -19,8 +19,9 @@
 //! may govern an older caller); `allowed` is -1 when the cost is above that limit (nothing
 //! written). A string, because Redis turns a table reply into an array at ~4,000 instructions
 //! more. An argument it refuses gives an error reply starting `ERR tollgate:`, having written
-//! nothing; a value that is not a number (which this module never sends) may instead raise a
-//! plain Lua error, also before anything is written (the checks run inline, without a pcall).
+//! nothing; a value that is not a number, or bytes that are not MessagePack (neither of which
+//! this module sends), may instead raise a plain Lua error, also before anything is written
+//! (the checks run inline, without a pcall).
 //!
 //! Each bucket is one STRING, a [`crate::record`]: MessagePack integers for the tag, the
 //! generation, the pending deferral, the parameters and the state:

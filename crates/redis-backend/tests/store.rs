@@ -266,6 +266,12 @@ fn bad_arguments() -> [Vec<(Vec<Vec<u8>>, bool)>; 3] {
     tb_bad.push((vec![mp(&product)], false));
     product[4] = U(1);
     tb_bad.push((vec![mp(&product)], false));
+    // not MessagePack: cut inside a value (capacity's uint64), a reserved byte (0xc1)
+    tb_bad.push((vec![mp(&product)[..6].to_vec()], true));
+    tb_bad.push((
+        vec![[&mp(&tb)[..3], &[0xc1][..], &mp(&tb)[4..]].concat()],
+        true,
+    ));
     tb_bad.extend(
         [
             vec![with(&tb, 9, None)],
@@ -299,6 +305,8 @@ fn bad_arguments() -> [Vec<(Vec<Vec<u8>>, bool)>; 3] {
     .map(|&(i, v)| (vec![with(&fw, i, Some(v))], matches!(v, S(_) | Nil)))
     .collect();
     fw_bad.push((vec![with(&fw, 7, None)], false));
+    // cut inside the window's uint16
+    fw_bad.push((vec![mp(&fw)[..5].to_vec()], true));
     let mut sl_bad: Vec<(Vec<Vec<u8>>, bool)> = [
         (0, U(2)),
         (3, U(0)),
@@ -313,6 +321,7 @@ fn bad_arguments() -> [Vec<(Vec<Vec<u8>>, bool)>; 3] {
     .map(|&(i, v)| (vec![with(&sl, i, Some(v))], matches!(v, S(_) | Nil)))
     .collect();
     sl_bad.push((vec![mp(&[&sl[..], &[U(1)]].concat())], false));
+    sl_bad.push((vec![mp(&sl)[..5].to_vec()], true));
     [tb_bad, fw_bad, sl_bad]
 }
 
@@ -336,7 +345,8 @@ async fn scripts_validate_every_argument_and_write_nothing() {
             if refused {
                 assert_eq!(classify(&err).class(), ErrorClass::Invalid, "{err}");
             } else {
-                // only a value that is not a number may end in a plain Lua error
+                // only a value that is not a number, or bytes that are not MessagePack, may
+                // end in a plain Lua error (the checks run inline, without a pcall)
                 assert!(*not_a_number, "{args:02x?}: {err}");
             }
             assert_eq!(
@@ -483,6 +493,62 @@ async fn a_stored_value_of_unexpected_shape_counts_as_a_missing_bucket() {
             let d = store.peek(&k, p, 5).await.unwrap();
             assert!(d.allowed && d.remaining == 0, "{p} with {junk:?}: {d:?}");
         }
+    }
+}
+
+/// A record of the caller's own head whose state holds a fraction (tollgate writes integers
+/// only) is malformed: a missing bucket, like any other unexpected shape.
+#[tokio::test]
+async fn a_stored_record_with_a_fractional_state_counts_as_a_missing_bucket() {
+    let server = Server::start();
+    let store = server.multiplexed().await;
+    let now_us = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros(),
+    )
+    .unwrap();
+    let float = |x: f64| [&[0xcb][..], &x.to_be_bytes()].concat();
+    let uint = |x: u64| [&[0xcf][..], &x.to_be_bytes()].concat();
+    let tb = Policy::token_bucket(5, Rate::per_second(1)).unwrap();
+    let fw = Policy::fixed_window(5, HOUR).unwrap();
+    let hour_us = 3_600_000_000;
+    let cases = [
+        // level 2.5 units (far below one token), written now
+        (&tb, [float(2.5), uint(now_us)].concat()),
+        // a full bucket's level, at a time with a fraction
+        (&tb, [uint(5_000_000), float(now_us as f64 + 0.5)].concat()),
+        // this hour's window with a fractional start, 1 of 5 used
+        (
+            &fw,
+            [float((now_us - now_us % hour_us) as f64 + 0.5), vec![0x01]].concat(),
+        ),
+        // this hour's window, a fractional count
+        (&fw, [uint(now_us - now_us % hour_us), float(1.5)].concat()),
+    ];
+    for (i, (p, state)) in cases.iter().enumerate() {
+        let k = key(&format!("fraction{i}"));
+        let rec = [scripts::args(p, 1, true).head_bytes(), state].concat();
+        let () = redis::cmd("SET")
+            .arg(store.redis_key(&k, p))
+            .arg(&rec)
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut server.conn())
+            .unwrap();
+        let d = store.peek(&k, p, 5).await.unwrap();
+        assert!(d.allowed && d.remaining == 0, "{p} case {i}: {d:?}");
+        let d = store.acquire(&k, p, 5).await.unwrap();
+        assert!(d.allowed && d.remaining == 0, "{p} case {i}: {d:?}");
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(store.redis_key(&k, p))
+            .query(&mut server.conn())
+            .unwrap();
+        assert!(
+            pttl > 0,
+            "{p} case {i}: rewritten with an expiry, got {pttl}"
+        );
     }
 }
 
