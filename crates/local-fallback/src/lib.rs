@@ -52,4 +52,5 @@ mod store;
 
 pub use store::{
     CAP_SWEEP_GAP_MS, DEFAULT_MAX_KEYS, DEFAULT_SWEEP_EVERY, LocalStore, LocalStoreBuilder,
+    SWEEP_GAP_MS,
 };

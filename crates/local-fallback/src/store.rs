@@ -24,6 +24,13 @@ pub const DEFAULT_SWEEP_EVERY: usize = 4_096;
 /// refused request into a walk over the whole map.
 pub const CAP_SWEEP_GAP_MS: u64 = 100;
 
+/// The periodic sweep (every so many new keys) runs at most once per this many milliseconds
+/// of the store's clock, as Redis's active expiry runs ten times a second: keys whose buckets
+/// expire between two visits (a generous policy refills them within a visit) are then reused
+/// in place rather than removed and inserted again at every visit. Expired buckets wait at
+/// most this long (or until the key cap) for a sweep.
+pub const SWEEP_GAP_MS: u64 = 100;
+
 /// An in-process [`Store`]: per-process state, atomic per key, time from a [`Clock`].
 ///
 /// Each decision runs [`tollgate_core::algorithm::apply`] while holding the lock of the map
@@ -32,7 +39,8 @@ pub const CAP_SWEEP_GAP_MS: u64 = 100;
 /// TTL of `ttl` µs at `now` µs lives while `now_ms <= now / 1000 + ceil(ttl / 1000)`.
 ///
 /// Memory is bounded: expired buckets are swept every [`DEFAULT_SWEEP_EVERY`] new keys (or
-/// as configured), and at most `max_keys` buckets are held. At the cap, a new key first
+/// as configured), at most once per [`SWEEP_GAP_MS`] of the store's clock, and at most
+/// `max_keys` buckets are held. At the cap, a new key first
 /// triggers a sweep of expired buckets (at most one per [`CAP_SWEEP_GAP_MS`]); if the map is
 /// still full the new key is refused with [`StoreError::KeyCapReached`], while keys already
 /// held keep working.
@@ -80,6 +88,8 @@ struct Counters {
     sweeping: AtomicBool,
     /// Clock (ms) of the last sweep started because the map was full; `u64::MAX` for never.
     last_cap_sweep_ms: AtomicU64,
+    /// Clock (ms) of the last periodic sweep; `u64::MAX` for never.
+    last_sweep_ms: AtomicU64,
 }
 
 /// Options for a [`LocalStore`]; start from [`LocalStore::builder`].
@@ -124,7 +134,8 @@ impl<C: Clock> LocalStoreBuilder<C> {
     }
 
     /// New keys between two sweeps of expired buckets, at least (the interval also grows to the
-    /// number of live keys found by the last sweep). `0` is taken as `1`.
+    /// number of live keys found by the last sweep, and two sweeps are at least
+    /// [`SWEEP_GAP_MS`] apart). `0` is taken as `1`.
     pub fn sweep_every(mut self, inserts: usize) -> Self {
         self.sweep_every = inserts.max(1);
         self
@@ -153,6 +164,7 @@ impl<C: Clock> LocalStoreBuilder<C> {
                 sweep_threshold: AtomicUsize::new(self.sweep_every),
                 sweeping: AtomicBool::new(false),
                 last_cap_sweep_ms: AtomicU64::new(u64::MAX),
+                last_sweep_ms: AtomicU64::new(u64::MAX),
             },
         }
     }
@@ -319,8 +331,20 @@ impl<C: Clock> LocalStore<C> {
 
     fn after_insert(&self, now_us: u64) {
         let inserted = self.counters.inserts.fetch_add(1, Ordering::AcqRel) + 1;
-        if inserted >= self.counters.sweep_threshold.load(Ordering::Acquire) {
-            self.sweep(now_us / 1000);
+        if inserted < self.counters.sweep_threshold.load(Ordering::Acquire) {
+            return;
+        }
+        let now_ms = now_us / 1000;
+        let last = self.counters.last_sweep_ms.load(Ordering::Acquire);
+        // Never swept (`u64::MAX`), or the clock stepped back below the last sweep: due.
+        if (now_ms < last || now_ms - last >= SWEEP_GAP_MS)
+            && self
+                .counters
+                .last_sweep_ms
+                .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.sweep(now_ms);
         }
     }
 

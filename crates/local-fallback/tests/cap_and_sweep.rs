@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_core::{ErrorClass, Key, ManualClock, Policy, Rate, StoreError};
-use tollgate_local::{CAP_SWEEP_GAP_MS, LocalStore};
+use tollgate_local::{CAP_SWEEP_GAP_MS, LocalStore, SWEEP_GAP_MS};
 
 /// A whole second, so fixed windows of 1 s start here.
 const T: u64 = 1_700_000_000_000_000;
@@ -122,6 +122,41 @@ fn expired_buckets_are_swept_every_so_many_new_keys() {
     assert_eq!(s.len(), 9, "no sweep before the 10th new key");
     s.acquire_now(&key(9), &second_window(), 1).unwrap();
     assert_eq!(s.len(), 5, "the 10th new key sweeps the 5 expired ones");
+}
+
+#[test]
+fn the_periodic_sweep_runs_at_most_once_per_gap_of_the_clock() {
+    let clock = ManualClock::new(T);
+    let s = LocalStore::builder()
+        .sweep_every(10)
+        .clock(clock.clone())
+        .build();
+    // one-second windows aligned to T: a bucket written in [T + k s, T + (k + 1) s) expires
+    // at the end of that second
+    for i in 0..5 {
+        s.acquire_now(&key(i), &second_window(), 1).unwrap();
+    }
+    clock.set(T + 2_990 * MS);
+    for i in 5..10 {
+        s.acquire_now(&key(i), &second_window(), 1).unwrap();
+    }
+    assert_eq!(s.len(), 5, "the 10th new key swept the 5 expired buckets");
+    // 50 ms after that sweep keys 5..9 have expired; a visit renews key 5 in place, and ten
+    // new keys reach the threshold again within the gap: no sweep
+    clock.set(T + 3_040 * MS);
+    s.acquire_now(&key(5), &second_window(), 1).unwrap();
+    for i in 10..20 {
+        s.acquire_now(&key(i), &second_window(), 1).unwrap();
+    }
+    assert_eq!(
+        s.len(),
+        15,
+        "no second sweep within {SWEEP_GAP_MS} ms of the first"
+    );
+    // a gap after the first sweep, the next new key sweeps keys 6..9
+    clock.set(T + 2_990 * MS + SWEEP_GAP_MS * MS);
+    s.acquire_now(&key(20), &second_window(), 1).unwrap();
+    assert_eq!(s.len(), 12);
 }
 
 #[test]
