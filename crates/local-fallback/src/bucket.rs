@@ -196,7 +196,8 @@ impl Bucket {
 
     /// Applies `cost` at `now_us` in place. An expired bucket counts as missing and stays
     /// expired unless the outcome writes a state; an unchanged state keeps its expiry, and so
-    /// does one rewritten with `keep_expiry` (Redis `SET ... KEEPTTL`).
+    /// does one rewritten with `keep_expiry` (Redis `SET ... KEEPTTL`). `cost` must have
+    /// passed `policy.check_cost` (every caller checks it before taking the shard's lock).
     pub(crate) fn apply(
         &mut self,
         table: &ParamsTable,
@@ -225,7 +226,7 @@ impl Bucket {
     /// [`algorithm::apply`] on the record, and the expiry it sets, for a compact bucket the
     /// caller's policy decides as it is (a commit by a caller of the generation and parameters
     /// that wrote it, or an older one), and for a missing token bucket; `None` elsewhere,
-    /// including for an invalid cost (the general path reports it).
+    /// including for a cost above the stored limit (the general path reports it).
     ///
     /// Holds the core's rules for those cases: a record of the caller's kind, with no pending
     /// mark, is decided under its stored parameters unless the caller is newer (a higher
@@ -240,7 +241,9 @@ impl Bucket {
         now: u64,
         cost: u64,
     ) -> Option<Decision> {
-        policy.check_cost(cost).ok()?;
+        // `apply`'s callers have checked the cost against the caller's policy
+        // (`Policy::check_cost`); against stored parameters it is checked below.
+        debug_assert!(policy.check_cost(cost).is_ok());
         let caller = policy.algorithm();
         let g = policy.generation();
         let governs = |held: &Governing| {
