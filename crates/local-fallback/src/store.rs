@@ -335,15 +335,7 @@ impl<C: Clock> LocalStore<C> {
             return;
         }
         let now_ms = now_us / 1000;
-        let last = self.counters.last_sweep_ms.load(Ordering::Acquire);
-        // Never swept (`u64::MAX`), or the clock stepped back below the last sweep: due.
-        if (now_ms < last || now_ms - last >= SWEEP_GAP_MS)
-            && self
-                .counters
-                .last_sweep_ms
-                .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
+        if claim_gap(&self.counters.last_sweep_ms, now_ms, SWEEP_GAP_MS) {
             self.sweep(now_ms);
         }
     }
@@ -352,19 +344,8 @@ impl<C: Clock> LocalStore<C> {
     /// a slot was freed.
     fn sweep_at_cap(&self, now_us: u64) -> bool {
         let now_ms = now_us / 1000;
-        let last = self.counters.last_cap_sweep_ms.load(Ordering::Acquire);
-        // Never swept (`u64::MAX`), or the clock stepped back below the last sweep: due.
-        let due = now_ms < last || now_ms - last >= CAP_SWEEP_GAP_MS;
-        if !due
-            || self
-                .counters
-                .last_cap_sweep_ms
-                .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return false;
-        }
-        self.sweep(now_ms).is_some_and(|removed| removed > 0)
+        claim_gap(&self.counters.last_cap_sweep_ms, now_ms, CAP_SWEEP_GAP_MS)
+            && self.sweep(now_ms).is_some_and(|removed| removed > 0)
     }
 
     /// Removes the buckets expired at `now_ms`; `None` if another thread is sweeping.
@@ -393,6 +374,18 @@ impl<C: Clock> LocalStore<C> {
         self.counters.sweeping.store(false, Ordering::Release);
         Some(removed)
     }
+}
+
+/// Whether a sweep timed by `last` (the clock in ms of the last one, `u64::MAX` for never) is
+/// due at `now_ms`, at least `gap_ms` after the last one or with the clock stepped back below
+/// it; if so, records `now_ms` as the last one, for this caller only (the others lose the
+/// exchange).
+fn claim_gap(last: &AtomicU64, now_ms: u64, gap_ms: u64) -> bool {
+    let prev = last.load(Ordering::Acquire);
+    (now_ms < prev || now_ms - prev >= gap_ms)
+        && last
+            .compare_exchange(prev, now_ms, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
 }
 
 impl<C> fmt::Debug for LocalStore<C> {

@@ -31,6 +31,14 @@ fn store(max_keys: usize, clock: &ManualClock) -> LocalStore<ManualClock> {
 }
 
 #[track_caller]
+/// A store with no key cap to speak of that sweeps every 10 new keys.
+fn sweeping_every_10(clock: &ManualClock) -> LocalStore<ManualClock> {
+    LocalStore::builder()
+        .sweep_every(10)
+        .clock(clock.clone())
+        .build()
+}
+
 fn assert_cap_reached(got: Result<tollgate_core::Decision, StoreError>, cap: usize) {
     match got {
         Err(e @ StoreError::KeyCapReached { cap: c }) if c == cap => {
@@ -108,10 +116,7 @@ fn a_cap_of_zero_refuses_every_key() {
 #[test]
 fn expired_buckets_are_swept_every_so_many_new_keys() {
     let clock = ManualClock::new(T);
-    let s = LocalStore::builder()
-        .sweep_every(10)
-        .clock(clock.clone())
-        .build();
+    let s = sweeping_every_10(&clock);
     for i in 0..5 {
         s.acquire_now(&key(i), &second_window(), 1).unwrap();
     }
@@ -127,10 +132,7 @@ fn expired_buckets_are_swept_every_so_many_new_keys() {
 #[test]
 fn the_periodic_sweep_runs_at_most_once_per_gap_of_the_clock() {
     let clock = ManualClock::new(T);
-    let s = LocalStore::builder()
-        .sweep_every(10)
-        .clock(clock.clone())
-        .build();
+    let s = sweeping_every_10(&clock);
     // one-second windows aligned to T: a bucket written in [T + k s, T + (k + 1) s) expires
     // at the end of that second
     for i in 0..5 {

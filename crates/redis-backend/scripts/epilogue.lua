@@ -5,13 +5,15 @@
 -- integer, as the scripts accept only integer records and arguments), rounded up to
 -- milliseconds (at least 1): (reset + 999) / 1000, which '%d' truncates, is the ceiling for
 -- an integer reset below 2^53 - 999; then replies allowed, remaining, retry, reset, limit in
--- one string (REPLY, see the prelude). The milliseconds go as a string made by string.format('%d'): a number argument
--- costs Redis a "%.17g" conversion, dearer than the call.
+-- one string (REPLY, see the prelude). The milliseconds go as a string made by
+-- string.format('%d'): a number argument costs Redis a "%.17g" conversion, dearer than the
+-- call.
 if rec then
   if keep then
     redis.call('SET', K[1], rec, 'KEEPTTL')
   else
-    redis.call('SET', K[1], rec, 'PX', string.format('%d', reset > 0 and (reset + 999) / 1000 or 1))
+    redis.call('SET', K[1], rec, 'PX',
+      string.format('%d', reset > 0 and (reset + 999) / 1000 or 1))
   end
 end
 return struct.pack(REPLY, allowed, remaining, retry, reset, limit)

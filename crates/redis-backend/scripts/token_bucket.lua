@@ -24,7 +24,8 @@ if not (e == -1 and tag == 1 and pe == 0 and (commit == 0 or commit == 1) and ge
     and gen <= MAX and gen % 1 == 0 and capacity >= 1 and capacity % 1 == 0 and unit >= 1
     and unit % 1 == 0 and rate >= 1 and rate % 1 == 0 and capacity * unit + rate <= MAX
     and max_elapsed >= 0 and max_elapsed <= MAX and max_elapsed % 1 == 0
-    and (rule == 0 or rule == 1 or rule == 2 or rule == 3) and cost >= 1 and cost <= capacity and cost % 1 == 0) then
+    and (rule == 0 or rule == 1 or rule == 2 or rule == 3) and cost >= 1 and cost <= capacity
+    and cost % 1 == 0) then
   return slow().refuse({ 'tag', 1, 1, 'generation', 0, MAX, 'pending', 0, 0, 'capacity', 1,
     MAX, 'unit', 1, MAX, 'rate', 1, MAX, 'max_elapsed_us', 0, MAX, 'transition', 0, 3, 'cost',
     1, MAX, 'commit', 0, 1 }, function(v)
