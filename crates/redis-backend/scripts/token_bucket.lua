@@ -67,6 +67,9 @@ if raw then
   end, raw, MAX, gen, capacity, unit, rate, max_elapsed)
   if ok and mine then stored, updated = rg, rpe end
 end
+-- asis: the stored record governs as it is (its generation, parameters and pending mark
+-- unchanged), so a denial need not write it (see the decision below)
+local asis = stored
 
 -- From here on capacity, unit, rate, max_elapsed, gen and pe are the governing parameters,
 -- generation and pending deferral (the caller's unless the stored ones govern); own: they are
@@ -99,7 +102,7 @@ if raw and not stored then
       if newer and rpe <= gen then
         pe, keep = gen + 1, true
       else
-        pe, keep = rpe, rpe > 0
+        pe, keep, asis = rpe, rpe > 0, true
       end
       -- a cost above the stored capacity: -1, nothing written (the caller's was checked)
       if cost > rcap then return struct.pack(REPLY, -1, 0, -1, 0, rcap) end
@@ -140,9 +143,13 @@ d = cap - level
 m = d % rate
 local reset = (eff - now) + (d - m) / rate + (m > 0 and 1 or 0)
 
--- the record to write (epilogue.lua), and the reply
+-- the record to write (epilogue.lua), and the reply. A denial on a record that governs as it
+-- is writes nothing (as tollgate_core's token bucket): with exact refill the stored level and
+-- time give every later call what the refilled ones would, and the instant the bucket is
+-- full again (its expiry) does not move. Under a cap on credited time (max_elapsed) each
+-- call is credited at most the cap, so a denial there writes the refilled state.
 local rec
-if commit == 1 then
+if commit == 1 and (allowed == 1 or not asis or max_elapsed > 0) then
   if own and eff >= 4294967296 then
     -- head .. level, eff in one struct.pack: level in its smallest MessagePack encoding (as
     -- cmsgpack.pack writes it), eff (a time, 2^32 and up) as uint64

@@ -69,6 +69,62 @@ async fn token_bucket_allows_then_denies_with_exact_retry_and_remaining() {
     assert!(us(peek.retry_after) <= HOUR_US);
 }
 
+/// The key's bytes, its expiry instant (`PEXPIRETIME`) and the server's count of `SET` calls.
+fn stored(server: &Server, rkey: &str) -> (Vec<u8>, i64, u64) {
+    let mut conn = server.conn();
+    let raw: Vec<u8> = redis::cmd("GET").arg(rkey).query(&mut conn).unwrap();
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(rkey)
+        .query(&mut conn)
+        .unwrap();
+    let sets = info_field(server, "commandstats", "cmdstat_set")
+        .and_then(|v| {
+            v.split(',')
+                .find_map(|f| f.strip_prefix("calls=")?.parse().ok())
+        })
+        .unwrap_or(0);
+    (raw, at, sets)
+}
+
+#[tokio::test]
+async fn a_token_bucket_denial_writes_nothing_unless_credit_is_capped_per_call() {
+    const T0: u64 = 1_700_000_000_123_457;
+    let server = Server::start_with_clock();
+    let store = server.multiplexed().await;
+    let plain = Policy::token_bucket(2, Rate::new(1, HOUR)).unwrap();
+    let capped = plain.with_max_elapsed(HOUR).unwrap();
+    for (p, denial_writes) in [(&plain, false), (&capped, true)] {
+        server.set_time(T0);
+        let k = key(&format!("denial-{denial_writes}"));
+        let rkey = store.redis_key(&k, p);
+        assert!(store.acquire(&k, p, 2).await.unwrap().allowed);
+        let (raw, at, sets) = stored(&server, &rkey);
+        assert_eq!(at, i64::try_from(T0 / 1000).unwrap() + 2 * 3_600_000);
+        // 1.5 s later: refilled by 1.5 s of an hour per token, still short of one
+        server.set_time(T0 + 1_500_000);
+        for _ in 0..3 {
+            let d = store.acquire(&k, p, 1).await.unwrap();
+            assert_eq!(us(d.retry_after), HOUR_US - 1_500_000, "{p}: {d:?}");
+        }
+        let (raw_after, at_after, sets_after) = stored(&server, &rkey);
+        if denial_writes {
+            assert_ne!(raw_after, raw, "{p}: the refilled state is written");
+            assert_eq!(sets_after, sets + 3, "{p}: one SET per denial");
+        } else {
+            assert_eq!(
+                (raw_after, at_after, sets_after),
+                (raw, at, sets),
+                "{p}: a denial leaves the bucket, its expiry and the SET count alone"
+            );
+        }
+        // either way the next token is due at the same instant
+        server.set_time(T0 + HOUR_US - 1);
+        assert!(!store.peek(&k, p, 1).await.unwrap().allowed, "{p}");
+        server.set_time(T0 + HOUR_US);
+        assert!(store.acquire(&k, p, 1).await.unwrap().allowed, "{p}");
+    }
+}
+
 #[tokio::test]
 async fn fixed_window_counts_weighted_costs_and_retries_at_the_window_end() {
     let server = Server::start();
@@ -587,7 +643,7 @@ async fn every_written_key_has_an_expiry_and_the_documented_name() {
             .unwrap();
         assert!(pttl > 0 && pttl <= max_ms, "{p}: PTTL {pttl}");
     }
-    // a token-bucket denial rewrites the (unchanged) state, still with an expiry
+    // a token-bucket denial writes nothing: the key keeps its expiry
     assert!(!store.acquire(&k, &tb, 5).await.unwrap().allowed);
     let pttl: i64 = redis::cmd("PTTL")
         .arg(store.redis_key(&k, &tb))

@@ -10,7 +10,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use super::{Outcome, Record, State, apply};
+use super::{Outcome, Record, State, apply, token_bucket};
 use crate::{Algorithm, Decision, Policy, Rate, Transition};
 
 /// Redis `TIME` in 2023, so timestamps have realistic magnitude.
@@ -138,7 +138,9 @@ impl Reference for RefBucket {
         let level = if allowed { level - need } else { level };
         let wait = |deficit: u128| (eff - now) + deficit.div_ceil(self.per_micro) as u64;
         let reset_after = wait(self.cap - level);
-        let ttl = commit.then(|| reset_after.max(1));
+        // A denial writes only when credit is capped per call (the state it writes is then
+        // one a later call reads differently); otherwise it leaves the bucket as it was.
+        let ttl = (commit && (allowed || self.max_elapsed.is_some())).then(|| reset_after.max(1));
         if let Some(ttl) = ttl {
             self.level = level;
             self.last = eff;
@@ -514,10 +516,13 @@ fn check_agrees(got: &Decision, want: &Expected, now: u64, cost: u64) -> Check {
     Ok(())
 }
 
-/// `remaining` is what the stored state says is left.
+/// `remaining` is what the stored state says is left (for a token bucket, its level refilled
+/// to the decision's time: a denial leaves the stored state as it was).
 fn check_remaining(sim: &Sim, policy: &Policy, d: &Decision, now: u64) -> Check {
     let stored = match (sim.state.as_ref().map(|r| &r.state), policy.algorithm()) {
-        (Some(State::TokenBucket(s)), Algorithm::TokenBucket(tb)) => s.level / tb.unit,
+        (Some(State::TokenBucket(s)), Algorithm::TokenBucket(tb)) => {
+            token_bucket::level_at(tb, s.level, s.updated, now.max(s.updated)) / tb.unit
+        }
         (Some(State::FixedWindow(s)), Algorithm::FixedWindow(fw)) => fw.limit - s.count,
         (Some(State::SlidingLog(s)), Algorithm::SlidingLog(sl)) => {
             let eff = s.entries.back().map_or(now, |e| e.0.max(now));
@@ -632,12 +637,17 @@ fn stored_time(state: &State) -> Option<u64> {
 
 /// Runs `ops` on a clock that sometimes steps back, and checks the policy's bounds on the
 /// forward-only history: each admission is placed at the high-water mark of the clock readings
-/// the bucket has recorded, which is every request for a token bucket (it writes on denial
-/// too) and a fixed window (it stores the window), and every admission for a sliding log (a
-/// denial writes nothing). A step back onto a bucket the store has already expired starts a
-/// new history: no store can remember a bucket it has forgotten.
+/// the bucket has recorded, which is every request for a fixed window (it stores the window)
+/// and a token bucket with a cap on credited time (its denials write), and every admission
+/// for a sliding log and an uncapped token bucket (a denial writes nothing). A step back onto
+/// a bucket the store has already expired starts a new history: no store can remember a
+/// bucket it has forgotten.
 fn run_with_steps_back(policy: &Policy, start: u64, ops: &[Op]) -> Check {
-    let denial_recorded = !matches!(policy.algorithm(), Algorithm::SlidingLog(_));
+    let denial_recorded = match policy.algorithm() {
+        Algorithm::TokenBucket(tb) => tb.max_elapsed_micros.is_some(),
+        Algorithm::FixedWindow(_) => true,
+        Algorithm::SlidingLog(_) => false,
+    };
     let mut sim = Sim::default();
     let mut admitted = Vec::new();
     let mut now = BASE + start;
@@ -994,13 +1004,16 @@ mod frozen {
             eff + p.max_elapsed_micros.map_or(wait, |max| wait.min(max)) - now
         });
         let reset_after = eff + (cap - level).div_ceil(p.rate) - now;
-        let ttl_micros = commit.then(|| {
+        // (Changed since the copy in one point: a denial writes only under a cap on credited
+        // time, see the token bucket's module docs.)
+        if commit {
             *state = Some(TokenBucketState {
                 level,
                 updated: eff,
             });
-            reset_after.max(1)
-        });
+        }
+        let ttl_micros =
+            (commit && (allowed || p.max_elapsed_micros.is_some())).then_some(reset_after.max(1));
         Outcome {
             decision: Decision::shared(
                 allowed,

@@ -3,6 +3,14 @@
 //! Tokens are held in units (`unit` per token, `rate` gained per microsecond), so refill is
 //! exact integer arithmetic. A missing bucket is full; the state expires when the bucket would
 //! be full again.
+//!
+//! A denial writes nothing (unless the policy caps the time credited per call): with exact
+//! refill, the level a later call computes from the stored state is the one it would compute
+//! from the state refilled at the denial, and the instant the bucket is full again (its
+//! expiry) does not move. So denied traffic, however heavy, costs the store no write — in
+//! Redis no `SET`, nothing for replicas or the AOF. With
+//! [`max_elapsed`](crate::Policy::with_max_elapsed) each call is credited at most the cap, so
+//! a denial there writes the refilled state, as a call that moves the bucket.
 
 use crate::{Decision, TokenBucket};
 
@@ -17,7 +25,10 @@ pub struct TokenBucketState {
     pub updated: u64,
 }
 
-/// Applies `cost` at `now`; see [`super::apply`].
+/// Applies `cost` at `now`; see [`super::apply`]. On a commit `state` becomes the state after
+/// the decision (refilled to its time), which the caller writes if the outcome says so
+/// (`ttl_micros`: not for a denial, see the module's docs) or if it must write the record
+/// anyway (a policy change that marks it).
 #[inline]
 pub fn apply(
     state: &mut Option<TokenBucketState>,
@@ -34,9 +45,9 @@ pub fn apply(
     out
 }
 
-/// [`apply`] on a stored state, updated in place when `commit` is true: the same decision and
-/// the same new state as `apply` on `Some(*state)`, without moving the state in and out of an
-/// `Option`.
+/// [`apply`] on a stored state that governs as it is, updated in place only when the outcome
+/// writes (`ttl_micros`): the same decision as `apply` on `Some(*state)` and the record the
+/// store would hold after it, without moving the state in and out of an `Option`.
 #[inline]
 pub fn apply_in_place(
     state: &mut TokenBucketState,
@@ -46,7 +57,7 @@ pub fn apply_in_place(
     commit: bool,
 ) -> Outcome {
     let (out, next) = step(p, state.level, state.updated, now, cost, commit);
-    if commit {
+    if out.ttl_micros.is_some() {
         *state = next;
     }
     out
@@ -89,7 +100,10 @@ fn step(
             retry_after,
             reset_after,
         ),
-        ttl_micros: commit.then_some(reset_after.max(1)),
+        // A denial moves nothing a later call can see unless credit is capped per call (see
+        // the module's docs): it writes nothing.
+        ttl_micros: (commit && (allowed || p.max_elapsed_micros.is_some()))
+            .then_some(reset_after.max(1)),
         keep_expiry: false,
     };
     let next = TokenBucketState {
@@ -182,6 +196,46 @@ mod tests {
         assert_eq!(out.decision.retry_after, Some(Duration::from_millis(1400)));
         assert!(!apply(&mut s, &p, 1_499_999, 3, false).decision.allowed);
         assert!(apply(&mut s, &p, 1_500_000, 3, false).decision.allowed);
+    }
+
+    #[test]
+    fn a_denial_writes_nothing_unless_credit_is_capped_and_later_calls_see_no_difference() {
+        let plain = tb(3, Rate::per_second(2));
+        let mut capped = plain;
+        capped.max_elapsed_micros = Some(10_000_000);
+        for p in [plain, capped] {
+            let mut s = TokenBucketState {
+                level: 0,
+                updated: 1_000_000,
+            };
+            let before = s;
+            let out = apply_in_place(&mut s, &p, 1_100_000, 1, true);
+            assert!(!out.decision.allowed);
+            // 0.2 tokens after 100 ms: 0.8 more need 400 ms; full (3 tokens) 1.4 s away
+            assert_eq!(out.decision.retry_after, Some(Duration::from_millis(400)));
+            assert_eq!(out.decision.reset_after, Duration::from_millis(1400));
+            if p.max_elapsed_micros.is_none() {
+                assert_eq!((out.ttl_micros, s), (None, before), "nothing written");
+            } else {
+                assert_eq!(out.ttl_micros, Some(1_400_000));
+                assert_eq!(s.updated, 1_100_000, "the refilled state is written");
+            }
+            // a later call decides the same on either state
+            let mut refilled = Some(TokenBucketState {
+                level: 100_000 * p.rate,
+                updated: 1_100_000,
+            });
+            for (t, cost) in [
+                (1_300_000, 1),
+                (1_499_999, 1),
+                (1_500_000, 1),
+                (9_000_000, 3),
+            ] {
+                let a = apply_in_place(&mut s, &p, t, cost, true);
+                let b = apply(&mut refilled, &p, t, cost, true);
+                assert_eq!(a.decision, b.decision, "at {t}");
+            }
+        }
     }
 
     #[test]
