@@ -49,3 +49,6 @@ cost "tollgate token bucket (100, 50/s; bucket expired at each call)" "$S/prelud
 cost "tollgate token bucket (100 per hour; bucket stored at each call)" "$S/prelude.lua $S/token_bucket.lua $E" 'tollgate:{k__rand_int__}:tbh' mp:1,0,0,100,36000000,1,0,1,1,1
 cost "tollgate fixed window (100 per 1 min)" "$S/prelude.lua $S/fixed_window.lua $E" 'tollgate:{k__rand_int__}:fw' mp:2,0,0,100,60000000,1,1,1
 cost "tollgate sliding log (100 per 1 min; 5 entries per key by the end)" "$S/prelude.lua $S/sliding_log.lua $E" 'tollgate:{k__rand_int__}:sl' mp:3,0,0,100,60000000,1,1,1
+# one token per hour, cost 1: the warm-up pass takes each key's token, so every measured call
+# is a denial on a stored bucket (a token-bucket denial writes nothing: GET, no SET)
+cost "tollgate token bucket (1 per hour; denied at each call)" "$S/prelude.lua $S/token_bucket.lua $E" 'tollgate:{k__rand_int__}:tbd' mp:1,0,0,1,3600000000,1,0,1,1,1
