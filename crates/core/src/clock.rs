@@ -48,20 +48,25 @@ const CALIBRATION_TICKS: u64 = 1 << 40;
 
 impl MonotonicClock {
     /// A clock anchored to the system's wall clock now.
+    ///
+    /// # Panics
+    /// If quanta's counter ticked slower than once per microsecond (it counts TSC ticks, or
+    /// nanoseconds where it falls back to the OS clock).
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         let base_raw = clock.raw();
         // micros = ticks · nanos(2^40 ticks) / (2^40 · 1000) = (ticks · factor) >> 64 with
         // factor = nanos(2^40 ticks) · 2^24 / 1000. A tick is far shorter than a microsecond
         // (a TSC tick, or a nanosecond where quanta falls back to the OS clock), so the factor
-        // is below 2^64; it saturates rather than wrap if a counter ever were that slow.
+        // is below 2^64.
         let nanos = clock.delta_as_nanos(0, CALIBRATION_TICKS);
         let factor = (u128::from(nanos) << 24) / 1000;
         Self {
             base_wall_micros: SystemClock.now_micros(),
             base_raw,
             clock,
-            micros_per_tick: u64::try_from(factor).unwrap_or(u64::MAX),
+            micros_per_tick: u64::try_from(factor)
+                .expect("quanta counts TSC ticks or nanoseconds, each shorter than a microsecond"),
         }
     }
 
