@@ -145,7 +145,8 @@ local reset = (eff - now) + (d - m) / rate + (m > 0 and 1 or 0)
 
 -- the record to write (epilogue.lua), and the reply. A denial on a record that governs as it
 -- is writes nothing (as tollgate_core's token bucket): with exact refill the stored level and
--- time give every later call what the refilled ones would, and the instant the bucket is
+-- time give every later call at or after this time what the refilled ones would (an earlier
+-- clock is decided on its own time: never more permissive), and the instant the bucket is
 -- full again (its expiry) does not move. Under a cap on credited time (max_elapsed) each
 -- call is credited at most the cap, so a denial there writes the refilled state.
 local rec

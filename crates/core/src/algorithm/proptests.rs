@@ -961,7 +961,9 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 // Equivalence with the pre-optimisation maths: the in-place path of `apply` and the
 // division-free token bucket must decide and write exactly what the general path did (the Redis
-// scripts mirror that path). `frozen` is a verbatim copy of it, kept only for this test.
+// scripts mirror that path). `frozen` is a copy of it, kept only for this test: verbatim but
+// for one later change of semantics made in both (a token-bucket denial writes nothing, noted
+// in place).
 
 mod frozen {
     use super::super::{

@@ -5,10 +5,14 @@
 //! be full again.
 //!
 //! A denial writes nothing (unless the policy caps the time credited per call): with exact
-//! refill, the level a later call computes from the stored state is the one it would compute
-//! from the state refilled at the denial, and the instant the bucket is full again (its
-//! expiry) does not move. So denied traffic, however heavy, costs the store no write — in
-//! Redis no `SET`, nothing for replicas or the AOF. With
+//! refill, the level a later call at or after the denial's time computes from the stored state
+//! is the one it would compute from the state refilled at the denial, and the instant the
+//! bucket is full again (its expiry) does not move. So denied traffic, however heavy, costs
+//! the store no write — in Redis no `SET`, nothing for replicas or the AOF. A call whose clock
+//! reads earlier than the denial's (a step back, or in the local store a racing call that read
+//! its time first) is decided on its own clock from the stored state, where a written denial
+//! would have credited it the time up to the denial's: it can then be denied where it was
+//! admitted before, never the reverse, and its waits are the same instants. With
 //! [`max_elapsed`](crate::Policy::with_max_elapsed) each call is credited at most the cap, so
 //! a denial there writes the refilled state, as a call that moves the bucket.
 
@@ -236,6 +240,29 @@ mod tests {
                 assert_eq!(a.decision, b.decision, "at {t}");
             }
         }
+
+        // A clock earlier than an unwritten denial's is decided on its own time: never more
+        // permissive than after a written denial, with the same wait instants (docs/clock.md,
+        // rule 6). Capacity 10, 1 token/s, empty at 0; a denial of cost 2 at 1.5 s; a call of
+        // cost 1 at 0.8 s.
+        let p = tb(10, Rate::per_second(1));
+        let empty = TokenBucketState {
+            level: 0,
+            updated: 0,
+        };
+        let (mut unwritten, mut written) = (empty, empty);
+        assert!(
+            !apply_in_place(&mut unwritten, &p, 1_500_000, 2, true)
+                .decision
+                .allowed
+        );
+        assert_eq!(unwritten, empty);
+        written.level = 1_500_000 * p.rate;
+        written.updated = 1_500_000;
+        let own = apply_in_place(&mut unwritten, &p, 800_000, 1, true).decision;
+        let credited = apply_in_place(&mut written, &p, 800_000, 1, true).decision;
+        assert!(!own.allowed && credited.allowed);
+        assert_eq!(own.retry_after, Some(Duration::from_millis(200)));
     }
 
     #[test]
