@@ -104,8 +104,8 @@ fn step(
             retry_after,
             reset_after,
         ),
-        // A denial moves nothing a later call can see unless credit is capped per call (see
-        // the module's docs): it writes nothing.
+        // A denial writes nothing unless credit is capped per call (the module's docs say what
+        // a later call sees then).
         ttl_micros: (commit && (allowed || p.max_elapsed_micros.is_some()))
             .then_some(reset_after.max(1)),
         keep_expiry: false,
