@@ -248,6 +248,13 @@ impl Drop for Pool {
     }
 }
 
+/// `LOCAL_BENCH_ORDER=governor-first` runs governor before `LocalStore` in every group, so
+/// repeated runs (`benches/scripts/local-ratios.sh`) can alternate the order and show whether
+/// going first or second in a group moves a limiter's figure.
+fn governor_first() -> bool {
+    std::env::var("LOCAL_BENCH_ORDER").is_ok_and(|v| v == "governor-first")
+}
+
 fn scenario(c: &mut Criterion, s: Scenario, key_counts: &[usize]) {
     for &n in key_counts {
         let keys = keys(n);
@@ -259,8 +266,13 @@ fn scenario(c: &mut Criterion, s: Scenario, key_counts: &[usize]) {
         for threads in [1, 2] {
             let mut group = c.benchmark_group(format!("local/{}/{label}/{threads}thread", s.name));
             group.throughput(Throughput::Elements(1));
-            bench(&mut group, "tollgate", s.tollgate(), &keys, threads);
-            bench(&mut group, "governor", s.governor(), &keys, threads);
+            if governor_first() {
+                bench(&mut group, "governor", s.governor(), &keys, threads);
+                bench(&mut group, "tollgate", s.tollgate(), &keys, threads);
+            } else {
+                bench(&mut group, "tollgate", s.tollgate(), &keys, threads);
+                bench(&mut group, "governor", s.governor(), &keys, threads);
+            }
             group.finish();
         }
     }

@@ -2,7 +2,8 @@
 # LocalStore against governor, as ratios (LocalStore time / governor time, same criterion group,
 # same run), repeated: `benches/scripts/local-ratios.sh [rounds] [criterion filter]`.
 # Each round is one `cargo bench --bench local` run; the table gives every round's ratio and
-# their median. Two-thread groups on this shared 2-vCPU VM are bimodal between runs (the
+# their median. Rounds alternate which limiter runs first in each criterion group (odd rounds
+# LocalStore first, even rounds governor first: `LOCAL_BENCH_ORDER`), marked `G` in the table. Two-thread groups on this shared 2-vCPU VM are bimodal between runs (the
 # host places the two threads differently), so one run's ratio is not enough to judge them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,8 +12,9 @@ FILTER=${2:-}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=$(mktemp -d)
 for r in $(seq "$ROUNDS"); do
-  cargo bench -q -p tollgate-benches --bench local -- --warm-up-time 1 --measurement-time 3 \
-    ${FILTER:+"$FILTER"} >"$OUT/round$r.log" 2>&1
+  ORDER=tollgate-first; [ $((r % 2)) -eq 0 ] && ORDER=governor-first
+  LOCAL_BENCH_ORDER=$ORDER cargo bench -q -p tollgate-benches --bench local -- --warm-up-time 1 \
+    --measurement-time 3 ${FILTER:+"$FILTER"} >"$OUT/round$r.log" 2>&1
   for g in "$TARGET"/criterion/local_*; do
     [ -f "$g/tollgate/new/estimates.json" ] || continue
     [ -z "$FILTER" ] || [[ "$(basename "$g")" == *"${FILTER//\//_}"* ]] || continue
@@ -29,7 +31,7 @@ rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     group, _, t, g = line.split()
     rows[group].append((float(t), float(g)))
-print("| group | " + " | ".join(f"round {i+1} (ns: LocalStore / governor = ratio)" for i in range(int(sys.argv[2]))) + " | median ratio |")
+print("| group | " + " | ".join(f"round {i+1}{' G' if i % 2 else ''} (ns: LocalStore / governor = ratio)" for i in range(int(sys.argv[2]))) + " | median ratio |")
 print("|---|" + "---|" * int(sys.argv[2]) + "---:|")
 for group in sorted(rows):
     cells = [f"{t:.1f} / {g:.1f} = {t/g:.2f}" for t, g in rows[group]]
