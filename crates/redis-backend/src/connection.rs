@@ -31,17 +31,25 @@ pub(crate) enum Conn {
 
 impl Conn {
     /// Sends one command. An error reply is returned as `Err`.
+    ///
+    /// The pool's checkout, Sentinel's and the cluster's calls are boxed: their state machines
+    /// run to a kilobyte or more, and unboxed the largest of them sets the size of every
+    /// decision's future (built, moved and boxed on each call, whatever the connection kind).
+    /// The multiplexed connection's is a box already.
     pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let value = match self {
             Self::Multiplexed(m) => m.clone().req_packed_command(cmd).await,
             Self::Pool(pool) => {
-                let (mut conn, broken) = checkout(pool).await?;
-                let result = conn.req_packed_command(cmd).await;
-                mark_if_broken(&broken, &result);
-                result
+                Box::pin(async {
+                    let (mut conn, broken) = checkout(pool).await?;
+                    let result = conn.req_packed_command(cmd).await;
+                    mark_if_broken(&broken, &result);
+                    result
+                })
+                .await
             }
-            Self::Sentinel(s) => s.command(cmd).await,
-            Self::Cluster(c) => cluster_command(c, cmd).await,
+            Self::Sentinel(s) => Box::pin(s.command(cmd)).await,
+            Self::Cluster(c) => Box::pin(cluster_command(c, cmd)).await,
         }?;
         value.extract_error()
     }
@@ -50,16 +58,20 @@ impl Conn {
     /// replies stay in place as [`Value::ServerError`], so the caller sees which commands
     /// failed.
     pub(crate) async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        // Boxed as in `command`.
         match self {
             Self::Multiplexed(m) => m.clone().req_packed_commands(pipe, 0, count).await,
             Self::Pool(pool) => {
-                let (mut conn, broken) = checkout(pool).await?;
-                let result = conn.req_packed_commands(pipe, 0, count).await;
-                mark_if_broken(&broken, &result);
-                result
+                Box::pin(async {
+                    let (mut conn, broken) = checkout(pool).await?;
+                    let result = conn.req_packed_commands(pipe, 0, count).await;
+                    mark_if_broken(&broken, &result);
+                    result
+                })
+                .await
             }
-            Self::Sentinel(s) => s.pipeline(pipe, count).await,
-            Self::Cluster(c) => cluster_pipeline(c, pipe).await,
+            Self::Sentinel(s) => Box::pin(s.pipeline(pipe, count)).await,
+            Self::Cluster(c) => Box::pin(cluster_pipeline(c, pipe)).await,
         }
     }
 
