@@ -28,10 +28,10 @@ cost() { # name, script file(s), key, args...
   local sha
   sha=$(redis-cli -p "$PORT" script load "$(cat $src)")
   python3 benches/scripts/pipeline.py "$PORT" "$N" 8 16 1000 EVALSHA "$sha" 1 "$key" "$@"
-  callgrind_control -z "$VG" >/dev/null
+  callgrind_control -z "$VG" >/dev/null 2>&1
   python3 benches/scripts/pipeline.py "$PORT" "$N" 8 16 1000 EVALSHA "$sha" 1 "$key" "$@"
   rm -f "$DIR"/out.*.*
-  callgrind_control -d "$VG" >/dev/null
+  callgrind_control -d "$VG" >/dev/null 2>&1
   sleep 0.3
   local ir
   ir=$(grep -h '^summary:\|^totals:' "$DIR"/out.*.* | tail -1 | awk '{print $2}')
