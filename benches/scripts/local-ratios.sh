@@ -3,8 +3,9 @@
 # same run), repeated: `benches/scripts/local-ratios.sh [rounds] [criterion filter]`.
 # Each round is one `cargo bench --bench local` run; the table gives every round's ratio and
 # their median. Rounds alternate which limiter runs first in each criterion group (odd rounds
-# LocalStore first, even rounds governor first: `LOCAL_BENCH_ORDER`), marked `G` in the table. Two-thread groups on this shared 2-vCPU VM are bimodal between runs (the
-# host places the two threads differently), so one run's ratio is not enough to judge them.
+# LocalStore first, even rounds governor first: `LOCAL_BENCH_ORDER`), marked `G` in the table.
+# Two-thread groups on this shared 2-vCPU VM are bimodal between runs (the host places the two
+# threads differently), so one run's ratio is not enough to judge them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
