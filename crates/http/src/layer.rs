@@ -26,9 +26,9 @@
 //! requests that match a route and method, so a 404 or 405 never consumes quota. (A
 //! `MethodRouter` built with `any` has no per-method routes: give it `layer` instead.)
 //!
-//! An admitted request reaches the inner service with its [`Decision`] in the request
-//! extensions (`axum::Extension<Decision>`), and its response gets the quota fields. The
-//! other outcomes are answered by the layer itself; see [`crate::response`].
+//! An admitted request reaches the inner service with its [`Decision`](tollgate::Decision) in
+//! the request extensions (`axum::Extension<Decision>`), and its response gets the quota
+//! fields. The other outcomes are answered by the layer itself; see [`crate::response`].
 //!
 //! `Degraded` and `Bypassed` decisions look like ordinary ones to the client; they are
 //! logged (`tracing`, target `tollgate_http`) and counted in
