@@ -137,12 +137,7 @@ fn describe(route: &RouteConfig) -> String {
         route.path,
         route.key.describe(),
         route.policy_spec,
-        match route.failure {
-            tollgate_http::FailureChoice::Open => "open".to_owned(),
-            tollgate_http::FailureChoice::Closed => "closed".to_owned(),
-            tollgate_http::FailureChoice::Degraded { expected_instances } =>
-                format!("degraded(expected_instances={expected_instances})"),
-        }
+        route.failure,
     )
 }
 

@@ -89,6 +89,7 @@ impl fmt::Display for Cidr {
 /// Which header a trusted proxy writes the client chain into. Choose the one your proxies
 /// append to: reading the other would believe whatever the client put there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ForwardedHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2` (de facto standard).
     #[default]

@@ -91,6 +91,7 @@ fn field_prefix(field: &str) -> String {
 /// What a route does when its store cannot answer; becomes a [`FailureMode`] (a fresh local
 /// store per route for `Degraded`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailureChoice {
     /// `failure_mode = "open"`.
     Open,
@@ -110,6 +111,19 @@ impl FailureChoice {
             Self::Open => FailureMode::Open,
             Self::Closed => FailureMode::Closed,
             Self::Degraded { expected_instances } => FailureMode::degraded(expected_instances),
+        }
+    }
+}
+
+/// `open`, `closed` or `degraded(expected_instances=N)` (the demo lists its routes so).
+impl fmt::Display for FailureChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Open => f.write_str("open"),
+            Self::Closed => f.write_str("closed"),
+            Self::Degraded { expected_instances } => {
+                write!(f, "degraded(expected_instances={expected_instances})")
+            }
         }
     }
 }
@@ -623,6 +637,19 @@ fn key_on_line(text: &str, offset: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_choice_displays_its_mode_and_instances() {
+        assert_eq!(FailureChoice::Open.to_string(), "open");
+        assert_eq!(FailureChoice::Closed.to_string(), "closed");
+        assert_eq!(
+            FailureChoice::Degraded {
+                expected_instances: 3
+            }
+            .to_string(),
+            "degraded(expected_instances=3)"
+        );
+    }
 
     const ROUTE: &str = r#"
 [[route]]

@@ -100,6 +100,7 @@ impl From<StoreError> for RegistryError {
 
 /// What [`RedisRegistry::publish`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Published {
     /// Stored, and followers notified.
     Stored,
