@@ -46,24 +46,33 @@ for P in "${POLICIES[@]}"; do
   done
 done
 echo
-echo "### Script cost: tollgate's token bucket vs the source text's (redis-benchmark -c 64 -P 16, 100,000 keys; 3 rounds, interleaved)"
+echo "### Script cost: tollgate's token bucket vs the source text's (-c 64 -P 16, 100,000 keys; 5 rounds, interleaved)"
+echo
+echo "Both scripts driven by one client, \`tollgate ceiling\` (redis-benchmark's loop over raw"
+echo "connections: redis-benchmark itself cannot send tollgate's binary argument), and the source"
+echo "text's also by redis-benchmark, as a check on that driver."
 echo
 SEED_SHA=$(redis-cli -p "$PORT" script load "$(cat benches/scripts/seed_token_bucket.lua)")
 rb() { redis-benchmark -p "$PORT" -c 64 -P 16 -n "$N" -r 100000 --csv "$@" | tail -1 | cut -d, -f2 | tr -d '"'; }
-seeds=(); ours=()
-for _ in 1 2 3; do
+ceil() { $B ceiling --redis "$URL" --clients 64 --pipeline 16 --requests "$N" --keys 100000 --json "$@" | j "d['requests_per_sec']"; }
+seeds=(); seedsd=(); ours=()
+for _ in 1 2 3 4 5; do
   seeds+=("$(rb EVALSHA "$SEED_SHA" 1 'seed:{k__rand_int__}' 100 50 1)")
-  ours+=("$($B load --threads "$THREADS" --redis "$URL" --policy "$TB" --tasks 64 --requests "$N" --keys 100000 --json --compare-redis-benchmark | j "d['redis_benchmark'][1]['requests_per_sec']")")
+  seedsd+=("$(ceil --script benches/scripts/seed_token_bucket.lua --arg 100 --arg 50 --arg 1 --prefix seed:)")
+  ours+=("$(ceil --policy "$TB")")
 done
 python3 -c "
 import statistics as st
-s=[$(IFS=,; echo "${seeds[*]}")]; o=[$(IFS=,; echo "${ours[*]}")]
-print('| script | requests/s, each round | median |')
+s=[$(IFS=,; echo "${seeds[*]}")]; d=[$(IFS=,; echo "${seedsd[*]}")]; o=[$(IFS=,; echo "${ours[*]}")]
+print('| script (driver) | requests/s, each round | median |')
 print('|---|---|---:|')
-print('| source text\'s token bucket (HGET x2, HSET, PEXPIRE) | %s | %.0f |' % (', '.join('%.0f' % x for x in s), st.median(s)))
-print('| tollgate token bucket (TIME, GET, SET PX) | %s | %.0f |' % (', '.join('%.0f' % x for x in o), st.median(o)))
+print('| source text\'s token bucket (HGET x2, HSET, PEXPIRE; redis-benchmark) | %s | %.0f |' % (', '.join('%.0f' % x for x in s), st.median(s)))
+print('| source text\'s token bucket (tollgate ceiling) | %s | %.0f |' % (', '.join('%.0f' % x for x in d), st.median(d)))
+print('| tollgate token bucket (TIME, GET, SET PX; tollgate ceiling) | %s | %.0f |' % (', '.join('%.0f' % x for x in o), st.median(o)))
 print()
-print('ceiling ratio tollgate/source text (median of the per-round ratios): %.2f' % st.median(x / y for x, y in zip(o, s)))"
+print('ceiling ratio tollgate/source text, one driver (median of the per-round ratios): %.2f (rounds: %s)' % (st.median(x / y for x, y in zip(o, d)), ', '.join('%.2f' % (x / y) for x, y in zip(o, d))))
+print()
+print('against redis-benchmark driving the source text\'s: %.2f' % st.median(x / y for x, y in zip(o, s)))"
 echo
 echo "### Connections: multiplexed vs bb8 pools (token bucket, 100,000 keys; 3 rounds each)"
 echo
@@ -114,22 +123,40 @@ echo "### Latency, one call at a time (token bucket; same tool; 5 rounds, interl
 echo
 echo "A lone request-response loop across the VM's two vCPUs is bimodal (a halted vCPU takes"
 echo "tens of µs to wake: PING p50 swings between 9 and 60 µs), so for this section redis-server"
-echo "and the tool are pinned to one CPU (taskset), the same for every probe."
+echo "and the tool are pinned to one CPU (taskset), the same for every probe. The floors are"
+echo "scripts from benches/scripts/latency/ run by a bare EVALSHA (--eval-file) on the same keys:"
+echo "what any script that reads Redis TIME, reads the key and (to admit) writes it with an expiry"
+echo "pays before doing any work of its own. 100,000 keys: nearly every call admits (the bucket of"
+echo "the last visit has refilled and expired); one key: nearly every call is denied."
 echo
 echo "| probe | p50 µs, each round | median p50 µs | ratio to PING |"
 echo "|---|---|---:|---:|"
 RPID=$(redis-cli -p "$PORT" info server | tr -d '\r' | sed -n 's/^process_id://p')
 taskset -pc 0 "$RPID" >/dev/null
 declare -A LAT
+p50() { taskset -c 0 $B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) "$@" --json | j "d['latency_us']['p50']"; }
 for _ in 1 2 3 4 5; do
-  LAT[ping]+="$(taskset -c 0 $B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --ping --json | j "d['latency_us']['p50']") "
-  LAT[bare]+="$(taskset -c 0 $B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --keys 100000 --bare-script --json | j "d['latency_us']['p50']") "
-  LAT[dec]+="$(taskset -c 0 $B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) --keys 100000 --multiplexed --json | j "d['latency_us']['p50']") "
+  LAT[ping]+="$(p50 --ping) "
+  for f in empty time read write; do
+    LAT[$f]+="$(p50 --keys 100000 --eval-file "benches/scripts/latency/$f.lua") "
+  done
+  LAT[bare]+="$(p50 --keys 100000 --bare-script) "
+  LAT[dec]+="$(p50 --keys 100000 --multiplexed) "
+  LAT[bare1]+="$(p50 --keys 1 --bare-script) "
+  LAT[dec1]+="$(p50 --keys 1 --multiplexed) "
 done
 taskset -pc "0-$(($(nproc) - 1))" "$RPID" >/dev/null
 python3 -c "
 import statistics as st
-rows = [('PING', '${LAT[ping]}'), ('bare EVALSHA of the same script (--bare-script)', '${LAT[bare]}'), ('tollgate decision (Limiter, multiplexed)', '${LAT[dec]}')]
+rows = [('PING', '${LAT[ping]}'),
+        ('floor: EVALSHA of return 1 (latency/empty.lua)', '${LAT[empty]}'),
+        ('floor: TIME (latency/time.lua)', '${LAT[time]}'),
+        ('floor: TIME + GET, what a denial needs (latency/read.lua)', '${LAT[read]}'),
+        ('floor: TIME + GET + SET PX, what an admission needs (latency/write.lua)', '${LAT[write]}'),
+        ('bare EVALSHA of the same script (--bare-script), 100,000 keys', '${LAT[bare]}'),
+        ('tollgate decision (Limiter, multiplexed), 100,000 keys', '${LAT[dec]}'),
+        ('bare EVALSHA of the same script, one key (denied)', '${LAT[bare1]}'),
+        ('tollgate decision, one key (denied)', '${LAT[dec1]}')]
 base = st.median(float(x) for x in rows[0][1].split())
 for name, vals in rows:
     v = [float(x) for x in vals.split()]

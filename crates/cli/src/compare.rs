@@ -6,12 +6,17 @@
 //! binary (MessagePack, see `tollgate_redis::scripts`) and redis-benchmark cuts an argument at
 //! its first NUL byte, so the same loop is driven here over raw connections. On a shared, noisy
 //! machine only ratios measured in one run mean anything.
+//!
+//! `tollgate ceiling` runs the same driver alone, on tollgate's script for a policy or on any
+//! script file with its own arguments (the source text's token bucket, say), so that two
+//! scripts' ceilings are measured by one client.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -88,29 +93,10 @@ pub(crate) async fn run(
         .await?
         .load_scripts()
         .await?;
-    let script = scripts::for_policy(policy);
-    let bare = Arc::new(Bare {
-        sha: script.sha().to_owned(),
-        prefix: prefix.to_owned(),
-        suffix: script.key_suffix(),
-        args: scripts::args(policy, cost, true),
-        keys: keys.max(1) as u64,
-    });
+    let bare = Arc::new(Bare::for_policy(prefix, policy, cost, keys));
     let mut out = Vec::new();
     for pipeline in [1usize, 16] {
-        let left = Arc::new(AtomicU64::new(requests));
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..clients.max(1) {
-            let (ep, bare, left) = (ep.clone(), bare.clone(), left.clone());
-            tasks.push(tokio::spawn(async move {
-                client(&ep, &bare, pipeline, &left, c as u64).await
-            }));
-        }
-        for t in tasks {
-            t.await.context("a ceiling client panicked")??;
-        }
-        let rps = requests as f64 / start.elapsed().as_secs_f64();
+        let rps = drive(&ep, &bare, clients, pipeline, requests).await?;
         out.push(Ceiling {
             clients,
             pipeline,
@@ -122,13 +108,155 @@ pub(crate) async fn run(
     Ok(out)
 }
 
-/// What every ceiling command carries.
+/// Runs `requests` commands of `bare` over `clients` connections, `pipeline` at a time on
+/// each; returns requests per second.
+async fn drive(
+    ep: &Arc<Endpoint>,
+    bare: &Arc<Bare>,
+    clients: usize,
+    pipeline: usize,
+    requests: u64,
+) -> Result<f64> {
+    let left = Arc::new(AtomicU64::new(requests));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients.max(1) {
+        let (ep, bare, left) = (ep.clone(), bare.clone(), left.clone());
+        tasks.push(tokio::spawn(async move {
+            client(&ep, &bare, pipeline.max(1), &left, c as u64).await
+        }));
+    }
+    for t in tasks {
+        t.await.context("a ceiling client panicked")??;
+    }
+    Ok(requests as f64 / start.elapsed().as_secs_f64())
+}
+
+/// What every ceiling command carries: `EVALSHA sha 1 <prefix>{load:k<n>}:<suffix> args…`.
 struct Bare {
     sha: String,
     prefix: String,
     suffix: &'static str,
-    args: scripts::Args,
+    args: Vec<Vec<u8>>,
     keys: u64,
+}
+
+impl Bare {
+    /// tollgate's script for `policy`, with the argument a decision of `cost` sends. The
+    /// script must be in the server's cache.
+    fn for_policy(prefix: &str, policy: &Policy, cost: u64, keys: usize) -> Self {
+        let script = scripts::for_policy(policy);
+        Self {
+            sha: script.sha().to_owned(),
+            prefix: prefix.to_owned(),
+            suffix: script.key_suffix(),
+            args: vec![scripts::args(policy, cost, true).as_bytes().to_vec()],
+            keys: keys.max(1) as u64,
+        }
+    }
+}
+
+/// `tollgate ceiling`: what Redis does with a script and nothing else in the way.
+#[derive(Args, Debug)]
+pub(crate) struct CeilingArgs {
+    /// The Redis server (redis:// only: the driver has no TLS).
+    #[arg(long, value_name = "URL")]
+    redis: String,
+    /// Run tollgate's script for this policy, with the argument a decision sends.
+    #[arg(long, conflicts_with = "script", required_unless_present = "script")]
+    policy: Option<Policy>,
+    /// Cost of every request (with `--policy`).
+    #[arg(long, default_value_t = 1, requires = "policy")]
+    cost: u64,
+    /// Run the Lua script in this file instead, with `--arg`s as its arguments.
+    #[arg(long, value_name = "PATH")]
+    script: Option<std::path::PathBuf>,
+    /// An argument of `--script`'s script (repeat for more, in order).
+    #[arg(long = "arg", value_name = "ARG", requires = "script")]
+    args: Vec<String>,
+    /// Connections (redis-benchmark's `-c`).
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Commands sent at a time on each connection (`-P`).
+    #[arg(long, default_value_t = 16)]
+    pipeline: usize,
+    /// Requests in all (`-n`).
+    #[arg(long, default_value_t = 100_000)]
+    requests: u64,
+    /// Distinct keys, picked at random (`-r`).
+    #[arg(long, default_value_t = 100_000)]
+    keys: usize,
+    /// Key prefix (the key is `<prefix>{load:k<12 digits>}:<suffix>`, `tb` for `--script`).
+    #[arg(long, default_value = "tollgate:")]
+    prefix: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `tollgate ceiling`.
+pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
+    let ep = Arc::new(endpoint(&args.redis)?);
+    let bare = if let Some(path) = &args.script {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("--script {}", path.display()))?;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(source)
+            .query_async(
+                &mut redis::Client::open(args.redis.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            )
+            .await?;
+        Bare {
+            sha,
+            prefix: args.prefix.clone(),
+            suffix: "tb",
+            args: args.args.iter().map(|a| a.clone().into_bytes()).collect(),
+            keys: args.keys.max(1) as u64,
+        }
+    } else {
+        let policy = args.policy.as_ref().context("give --policy or --script")?;
+        policy.check_cost(args.cost)?;
+        RedisStore::builder(args.redis.as_str())
+            .build()
+            .await?
+            .load_scripts()
+            .await?;
+        Bare::for_policy(&args.prefix, policy, args.cost, args.keys)
+    };
+    let bare = Arc::new(bare);
+    let rps = drive(&ep, &bare, args.clients, args.pipeline, args.requests).await?;
+    let script = args.script.as_ref().map_or_else(
+        || {
+            format!(
+                "tollgate {}",
+                args.policy
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            )
+        },
+        |p| p.display().to_string(),
+    );
+    if args.json {
+        let out = serde_json::json!({
+            "script": script,
+            "clients": args.clients,
+            "pipeline": args.pipeline,
+            "requests": args.requests,
+            "keys": args.keys,
+            "requests_per_sec": rps,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{script}: EVALSHA -c {} -P {} -n {} -r {}: {rps:.0} requests/s",
+            args.clients, args.pipeline, args.requests, args.keys
+        );
+    }
+    Ok(())
 }
 
 /// One connection: `pipeline` commands at a time, each on a random key (as redis-benchmark's
@@ -183,33 +311,44 @@ async fn client(
                 rng % bare.keys,
                 bare.suffix
             );
-            command(
-                &mut buf,
-                &[
-                    b"EVALSHA",
-                    bare.sha.as_bytes(),
-                    b"1",
-                    key.as_bytes(),
-                    bare.args.as_bytes(),
-                ],
-            );
+            let mut parts: Vec<&[u8]> = vec![b"EVALSHA", bare.sha.as_bytes(), b"1", key.as_bytes()];
+            parts.extend(bare.args.iter().map(Vec::as_slice));
+            command(&mut buf, &parts);
         }
         conn.get_mut().write_all(&buf).await?;
-        // each reply: one string (the script's five integers), or an error
         for _ in 0..n {
-            line.clear();
-            conn.read_until(b'\n', &mut line).await?;
-            match line.first() {
-                Some(b'$') => {
-                    let len: usize = std::str::from_utf8(&line[1..])?.trim_end().parse()?;
-                    body.resize(len + 2, 0);
-                    conn.read_exact(&mut body).await?;
-                }
-                Some(b'-') => bail!("the script failed: {}", String::from_utf8_lossy(&line)),
-                _ => bail!("unexpected reply: {}", String::from_utf8_lossy(&line)),
-            }
+            skip_reply(&mut conn, &mut line, &mut body).await?;
         }
     }
+}
+
+/// Reads one reply (RESP2: a status, an integer, a bulk string or nil, or an array of them,
+/// nested) and drops it; an error reply is an error.
+async fn skip_reply(
+    conn: &mut BufReader<TcpStream>,
+    line: &mut Vec<u8>,
+    body: &mut Vec<u8>,
+) -> Result<()> {
+    let mut pending = 1u64;
+    while pending > 0 {
+        pending -= 1;
+        line.clear();
+        conn.read_until(b'\n', line).await?;
+        let count = || -> Result<i64> { Ok(std::str::from_utf8(&line[1..])?.trim_end().parse()?) };
+        match line.first() {
+            Some(b'+' | b':') => {}
+            Some(b'$') => {
+                if let Ok(len) = usize::try_from(count()?) {
+                    body.resize(len + 2, 0);
+                    conn.read_exact(body).await?;
+                }
+            }
+            Some(b'*') => pending += u64::try_from(count()?).unwrap_or(0),
+            Some(b'-') => bail!("the script failed: {}", String::from_utf8_lossy(line)),
+            _ => bail!("unexpected reply: {}", String::from_utf8_lossy(line)),
+        }
+    }
+    Ok(())
 }
 
 /// Appends one command in the Redis protocol.

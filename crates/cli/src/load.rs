@@ -93,6 +93,16 @@ pub(crate) struct LoadArgs {
     /// Redis, and tollgate's own work.
     #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "ping"])]
     bare_script: bool,
+    /// Run the Lua script in this file by a bare `EVALSHA` with one key (the key tollgate's
+    /// token bucket would use) and no arguments, instead of decisions: the latency floor of
+    /// any script doing the same Redis calls (`benches/scripts/latency/`).
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "redis",
+        conflicts_with_all = ["batch", "deny_cache", "ping", "bare_script", "compare_redis_benchmark"]
+    )]
+    eval_file: Option<std::path::PathBuf>,
     /// After the run, run the same script, argument, key shape and concurrency bare on the
     /// same server, as redis-benchmark would (pipeline 1 and 16; redis-benchmark itself cannot
     /// send the script's binary argument), and report tollgate's ratio to it.
@@ -123,6 +133,9 @@ enum Probe {
     /// The policy's script by a bare EVALSHA: the SHA, the key prefix and suffix, the
     /// arguments.
     Script(redis::aio::MultiplexedConnection, Arc<BareScript>),
+    /// A script from a file by a bare EVALSHA with one key and no arguments: its SHA and the
+    /// key prefix.
+    Eval(redis::aio::MultiplexedConnection, Arc<(String, String)>),
 }
 
 /// What a bare `EVALSHA` sends besides the key.
@@ -199,6 +212,19 @@ impl Probe {
                 } else {
                     tally.denied = 1;
                 }
+                tally.shared = 1;
+            }
+            Self::Eval(conn, script) => {
+                let (sha, prefix) = &**script;
+                let key = format!("{prefix}{{{}}}:tb", keys[0].as_str());
+                let _: redis::Value = redis::cmd("EVALSHA")
+                    .arg(sha)
+                    .arg(1)
+                    .arg(key)
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| Failure::Other(e.to_string()))?;
+                tally.allowed = 1;
                 tally.shared = 1;
             }
         }
@@ -408,40 +434,51 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     }
     let mut probes = Vec::with_capacity(args.instances);
     for _ in 0..args.instances {
-        probes.push(if args.ping || args.bare_script {
-            let url = args.store.redis.as_deref().unwrap_or_default();
-            let conn = redis::Client::open(url)?
-                .get_multiplexed_async_connection()
-                .await?;
-            if args.ping {
-                Probe::Ping(conn)
-            } else {
-                tollgate::redis::RedisStore::builder(url)
-                    .build()
-                    .await?
-                    .load_scripts()
+        probes.push(
+            if args.ping || args.bare_script || args.eval_file.is_some() {
+                let url = args.store.redis.as_deref().unwrap_or_default();
+                let mut conn = redis::Client::open(url)?
+                    .get_multiplexed_async_connection()
                     .await?;
-                let script = tollgate::redis::scripts::for_policy(&args.policy);
-                Probe::Script(
-                    conn,
-                    Arc::new(BareScript {
-                        sha: script.sha().to_owned(),
-                        prefix: args.store.prefix.clone(),
-                        suffix: script.key_suffix(),
-                        args: tollgate::redis::scripts::args(&args.policy, args.cost, true),
-                    }),
-                )
-            }
-        } else {
-            let mut b = Limiter::builder("load", args.policy)
-                .store(args.store.connect().await?)
-                .failure_mode(args.fail_mode.mode(args.instances))
-                .timeout(args.store.timeout);
-            if let Some(n) = args.deny_cache {
-                b = b.deny_cache(n);
-            }
-            Probe::Check(b.build()?)
-        });
+                if args.ping {
+                    Probe::Ping(conn)
+                } else if let Some(path) = &args.eval_file {
+                    let source = std::fs::read_to_string(path)
+                        .map_err(|e| anyhow::anyhow!("--eval-file {}: {e}", path.display()))?;
+                    let sha: String = redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(source)
+                        .query_async(&mut conn)
+                        .await?;
+                    Probe::Eval(conn, Arc::new((sha, args.store.prefix.clone())))
+                } else {
+                    tollgate::redis::RedisStore::builder(url)
+                        .build()
+                        .await?
+                        .load_scripts()
+                        .await?;
+                    let script = tollgate::redis::scripts::for_policy(&args.policy);
+                    Probe::Script(
+                        conn,
+                        Arc::new(BareScript {
+                            sha: script.sha().to_owned(),
+                            prefix: args.store.prefix.clone(),
+                            suffix: script.key_suffix(),
+                            args: tollgate::redis::scripts::args(&args.policy, args.cost, true),
+                        }),
+                    )
+                }
+            } else {
+                let mut b = Limiter::builder("load", args.policy)
+                    .store(args.store.connect().await?)
+                    .failure_mode(args.fail_mode.mode(args.instances))
+                    .timeout(args.store.timeout);
+                if let Some(n) = args.deny_cache {
+                    b = b.deny_cache(n);
+                }
+                Probe::Check(b.build()?)
+            },
+        );
     }
 
     let slots = (max_duration.as_secs_f64() / SLOT.as_secs_f64()).ceil() as usize;
@@ -572,6 +609,8 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
             "redis-ping"
         } else if args.bare_script {
             "redis-bare-evalsha"
+        } else if args.eval_file.is_some() {
+            "redis-eval-file"
         } else {
             args.store.label()
         },

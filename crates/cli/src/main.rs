@@ -31,6 +31,10 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Publish and show policies in the Redis policy registry.
     Policy(policy::PolicyArgs),
+    /// Run a script bare by EVALSHA as redis-benchmark would (connections × pipeline, random
+    /// keys) and print requests/s: tollgate's script for a policy, or any script file, so two
+    /// scripts' ceilings are measured by one client.
+    Ceiling(compare::CeilingArgs),
 }
 
 /// Where buckets live.
@@ -159,6 +163,7 @@ fn main() -> Result<()> {
             Command::Load(args) => load::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Policy(args) => policy::run(args).await,
+            Command::Ceiling(args) => compare::ceiling(args).await,
         }
     })
 }

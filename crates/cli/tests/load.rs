@@ -141,3 +141,53 @@ fn threads_sizes_the_runtime_and_zero_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--eval-file PATH` runs the file's script by EVALSHA on the key a decision would use, once
+/// per request and with nothing else (the latency floors of BENCHMARKS.md); a file that cannot
+/// be read is a clear error.
+#[test]
+fn eval_file_runs_the_script_on_the_decision_keys() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("incr.lua");
+    std::fs::write(&script, "return redis.call('INCR', KEYS[1])").unwrap();
+    let run = |path: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["load", "--redis", &server.url()])
+            .args(["--policy", "token-bucket:capacity=10,rate=2"])
+            .args(["--tasks", "2", "--keys", "3", "--requests", "30", "--json"])
+            .arg("--eval-file")
+            .arg(path)
+            .output()
+            .expect("the tollgate binary runs")
+    };
+    let out = run(&script);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(s["store"], "redis-eval-file");
+    assert_eq!(s["requests"], 30);
+    assert_eq!(s["errors"], 0);
+    let mut conn = server.client().get_connection().unwrap();
+    let counts: Vec<u64> = (0..3)
+        .map(|i| {
+            redis::cmd("GET")
+                .arg(format!("tollgate:{{load:k{i}}}:tb"))
+                .query(&mut conn)
+                .unwrap()
+        })
+        .collect();
+    // request n goes to key n mod 3
+    assert_eq!(counts, [10, 10, 10]);
+
+    let out = run(&dir.path().join("missing.lua"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--eval-file") && err.contains("missing.lua"),
+        "{err}"
+    );
+}

@@ -1,0 +1,3 @@
+-- EVALSHA and Redis TIME, the clock every tollgate script must read.
+local t = redis.call('TIME')
+return 1
