@@ -14,6 +14,16 @@ fn ceiling(server: &RedisServer, args: &[&str]) -> std::process::Output {
         .expect("the tollgate binary runs")
 }
 
+/// `out`, which must be a success.
+fn succeeded(out: std::process::Output) -> std::process::Output {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[test]
 fn a_script_file_runs_with_its_arguments_on_every_request() {
     let server = RedisServer::start();
@@ -27,7 +37,7 @@ fn a_script_file_runs_with_its_arguments_on_every_request() {
          return {1, {'a', false}, 'b'}",
     )
     .unwrap();
-    let out = ceiling(
+    let out = succeeded(ceiling(
         &server,
         &[
             "--script",
@@ -48,12 +58,7 @@ fn a_script_file_runs_with_its_arguments_on_every_request() {
             "t:",
             "--json",
         ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ));
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
     assert_eq!(s["requests"], 1001);
     assert!(s["requests_per_sec"].as_f64().unwrap() > 0.0, "{s}");
@@ -77,7 +82,7 @@ fn a_script_file_runs_with_its_arguments_on_every_request() {
 #[test]
 fn tollgate_scripts_run_by_policy_and_errors_are_reported() {
     let server = RedisServer::start();
-    let out = ceiling(
+    let out = succeeded(ceiling(
         &server,
         &[
             "--policy",
@@ -87,12 +92,7 @@ fn tollgate_scripts_run_by_policy_and_errors_are_reported() {
             "--clients",
             "2",
         ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("requests/s"), "{text}");
     let mut conn = server.client().get_connection().unwrap();
