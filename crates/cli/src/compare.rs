@@ -198,17 +198,10 @@ pub(crate) struct CeilingArgs {
 pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
     let ep = Arc::new(endpoint(&args.redis)?);
     let bare = if let Some(path) = &args.script {
-        let source = std::fs::read_to_string(path)
-            .with_context(|| format!("--script {}", path.display()))?;
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(source)
-            .query_async(
-                &mut redis::Client::open(args.redis.as_str())?
-                    .get_multiplexed_async_connection()
-                    .await?,
-            )
+        let mut conn = redis::Client::open(args.redis.as_str())?
+            .get_multiplexed_async_connection()
             .await?;
+        let sha = load_script_file(&mut conn, path, "--script").await?;
         Bare {
             sha,
             prefix: args.prefix.clone(),
@@ -257,6 +250,22 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Loads the Lua script in the file at `path` into the server's script cache and returns its
+/// SHA; `option` names the command-line option the path came from, for the error.
+pub(crate) async fn load_script_file(
+    conn: &mut redis::aio::MultiplexedConnection,
+    path: &std::path::Path,
+    option: &str,
+) -> Result<String> {
+    let source =
+        std::fs::read_to_string(path).with_context(|| format!("{option} {}", path.display()))?;
+    Ok(redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .query_async(conn)
+        .await?)
 }
 
 /// One connection: `pipeline` commands at a time, each on a random key (as redis-benchmark's

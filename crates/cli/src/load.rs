@@ -443,13 +443,8 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                 if args.ping {
                     Probe::Ping(conn)
                 } else if let Some(path) = &args.eval_file {
-                    let source = std::fs::read_to_string(path)
-                        .map_err(|e| anyhow::anyhow!("--eval-file {}: {e}", path.display()))?;
-                    let sha: String = redis::cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(source)
-                        .query_async(&mut conn)
-                        .await?;
+                    let sha =
+                        crate::compare::load_script_file(&mut conn, path, "--eval-file").await?;
                     Probe::Eval(conn, Arc::new((sha, args.store.prefix.clone())))
                 } else {
                     tollgate::redis::RedisStore::builder(url)
