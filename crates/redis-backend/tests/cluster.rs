@@ -4,10 +4,9 @@
 //! Loopback only; every run is bounded.
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tollgate_core::{Key, Policy, Rate, Store};
@@ -32,70 +31,9 @@ async fn store(urls: Vec<String>) -> RedisStore {
 // ---------------------------------------------------------------------------------------------
 // Conformance
 
-/// Three cluster primaries on one [`ServerClock`], formed with `redis-cli --cluster create`.
-/// testkit's `RedisCluster` runs on the real clock, so the clock-sharing variant is built here.
-struct FrozenCluster {
-    nodes: Vec<RedisServer>,
-    clock: ServerClock,
-}
-
-impl FrozenCluster {
-    fn start() -> Self {
-        let clock = ServerClock::new();
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| {
-                RedisServer::builder()
-                    .clock(clock.clone())
-                    .extra_args([
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ])
-                    .start()
-            })
-            .collect();
-        let output = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("redis-cli (Debian's redis-tools)");
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        let cluster = Self { nodes, clock };
-        cluster.wait_ok();
-        cluster
-    }
-
-    /// Waits until every node reports `cluster_state:ok` and knows the other two.
-    fn wait_ok(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ok = self.nodes.iter().all(|n| {
-                let info: String = n
-                    .client()
-                    .get_connection_with_timeout(Duration::from_millis(500))
-                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c))
-                    .unwrap_or_default();
-                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3\r")
-            });
-            if ok {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the cluster did not converge");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 struct ClusterHarness {
-    cluster: FrozenCluster,
+    cluster: RedisCluster,
+    clock: ServerClock,
     store: RedisStore,
 }
 
@@ -109,7 +47,7 @@ impl Harness for ClusterHarness {
 
     async fn set_time(&self, micros: u64) {
         // One control file for all three nodes: they move together.
-        self.cluster.clock.freeze_at_micros(micros);
+        self.clock.freeze_at_micros(micros);
     }
 }
 
@@ -118,16 +56,17 @@ impl Harness for ClusterHarness {
 /// between a ping and its pong, which never straddle a clock move here.
 #[tokio::test]
 async fn conformance_suite_passes_on_a_three_primary_cluster() {
-    let cluster = FrozenCluster::start();
-    let urls = cluster.nodes.iter().map(RedisServer::url).collect();
-    cluster.clock.freeze_at_micros(conformance::T0);
+    let clock = ServerClock::new();
+    let cluster = RedisCluster::start_on_clock(3, &clock);
+    clock.freeze_at_micros(conformance::T0);
     let h = ClusterHarness {
-        store: store(urls).await,
+        store: store(cluster.urls()).await,
         cluster,
+        clock,
     };
     conformance::run_all(&h).await;
     // The cases' scripts ran on every primary (buckets spread by their hash tags).
-    for node in &h.cluster.nodes {
+    for node in h.cluster.nodes() {
         let stats: String = redis::cmd("INFO")
             .arg("commandstats")
             .query(&mut node.client().get_connection().unwrap())

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::clock::ServerClock;
 use crate::server::RedisServer;
 
 /// Loopback address of every node.
@@ -67,13 +68,32 @@ impl RedisCluster {
     /// If `primaries < 3` (redis-cli's minimum), `redis-cli` is missing, or the cluster does
     /// not form within 20 s (the message carries the logs).
     pub fn start(primaries: usize) -> Self {
+        Self::start_with(primaries, None)
+    }
+
+    /// [`start`](Self::start) with every node on `clock` (one control file: the nodes' time
+    /// moves together when the test moves it, forward or back). Gossip survives a frozen or
+    /// moved clock: node timeouts are measured between a ping and its pong.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_on_clock(primaries: usize, clock: &ServerClock) -> Self {
+        Self::start_with(primaries, Some(clock))
+    }
+
+    fn start_with(primaries: usize, clock: Option<&ServerClock>) -> Self {
         assert!(
             primaries >= 3,
             "a Redis Cluster needs at least 3 primaries, got {primaries}"
         );
         let nodes: Vec<RedisServer> = (0..primaries)
             .map(|_| {
-                RedisServer::builder()
+                let builder = RedisServer::builder();
+                let builder = match clock {
+                    Some(clock) => builder.clock(clock.clone()),
+                    None => builder,
+                };
+                builder
                     .extra_args([
                         "--cluster-enabled",
                         "yes",
