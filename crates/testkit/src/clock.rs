@@ -49,6 +49,7 @@ const CLOCK_FILE_ENV: &str = "TOLLGATE_CLOCK_FILE";
 
 /// What a shimmed process's wall clock currently does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ClockMode {
     /// Real time, unshifted (the control file is empty).
     #[default]
