@@ -201,6 +201,12 @@ fn check(step: &str, policy: &Policy, got: &Decision, want: Want) {
     );
 }
 
+/// Acquires `cost` on `key` under `policy` and checks the decision against `want` (`step`
+/// names the step in a failure).
+async fn expect<H: Harness>(h: &H, step: &str, key: &Key, policy: &Policy, cost: u64, want: Want) {
+    check(step, policy, &acquire(h, key, policy, cost).await, want);
+}
+
 /// Asserts that `key` holds a fresh bucket: the whole limit can be taken at once.
 async fn assert_fresh<H: Harness>(step: &str, h: &H, key: &Key, policy: &Policy) {
     let d = peek(h, key, policy, policy.limit()).await;
@@ -261,19 +267,17 @@ pub async fn token_bucket_missing_bucket_is_full<H: Harness>(h: &H) {
         &peek(h, &k, &p, 10).await,
         allowed(0, 5 * SEC),
     );
-    check(
-        "first request, cost 1",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(9, 500 * MS),
-    );
+    expect(h, "first request, cost 1", &k, &p, 1, allowed(9, 500 * MS)).await;
     let k2 = key("tb-missing", "b");
-    check(
+    expect(
+        h,
         "first request, whole capacity",
+        &k2,
         &p,
-        &acquire(h, &k2, &p, 10).await,
+        10,
         allowed(0, 5 * SEC),
-    );
+    )
+    .await;
 }
 
 /// Weighted costs take exactly their cost, and the next unit is denied with the exact wait.
@@ -282,30 +286,18 @@ pub async fn token_bucket_weighted_costs_drain_exactly<H: Harness>(h: &H) {
     h.set_time(t).await;
     let k = key("tb-weighted", "a");
     let p = tb(10, Rate::per_second(2));
-    check(
-        "cost 3",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(7, 1_500 * MS),
-    );
-    check(
-        "cost 4",
-        &p,
-        &acquire(h, &k, &p, 4).await,
-        allowed(3, 3_500 * MS),
-    );
-    check(
-        "cost 3",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(0, 5 * SEC),
-    );
-    check(
+    expect(h, "cost 3", &k, &p, 3, allowed(7, 1_500 * MS)).await;
+    expect(h, "cost 4", &k, &p, 4, allowed(3, 3_500 * MS)).await;
+    expect(h, "cost 3", &k, &p, 3, allowed(0, 5 * SEC)).await;
+    expect(
+        h,
         "cost 1 on an empty bucket",
+        &k,
         &p,
-        &acquire(h, &k, &p, 1).await,
+        1,
         denied(0, 500 * MS, 5 * SEC),
-    );
+    )
+    .await;
 }
 
 /// A request costing more than what is left is denied with the exact `retry_after`: admitted
@@ -315,34 +307,30 @@ pub async fn token_bucket_denies_when_cost_exceeds_remaining<H: Harness>(h: &H) 
     h.set_time(t).await;
     let k = key("tb-deny", "a");
     let p = tb(10, Rate::per_second(2));
-    check(
-        "drain",
-        &p,
-        &acquire(h, &k, &p, 10).await,
-        allowed(0, 5 * SEC),
-    );
+    expect(h, "drain", &k, &p, 10, allowed(0, 5 * SEC)).await;
     h.set_time(t + 100 * MS).await;
     // 0.2 tokens refilled; 2.8 more take 1.4 s; the bucket is full 4.9 s from now
-    check(
+    expect(
+        h,
         "cost 3 after 100 ms",
+        &k,
         &p,
-        &acquire(h, &k, &p, 3).await,
+        3,
         denied(0, 1_400 * MS, 4_900 * MS),
-    );
+    )
+    .await;
     h.set_time(t + 1_500 * MS - 1).await;
-    check(
+    expect(
+        h,
         "1 µs before retry_after",
+        &k,
         &p,
-        &acquire(h, &k, &p, 3).await,
+        3,
         denied(2, 1, 3_500 * MS + 1),
-    );
+    )
+    .await;
     h.set_time(t + 1_500 * MS).await;
-    check(
-        "at retry_after",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(0, 5 * SEC),
-    );
+    expect(h, "at retry_after", &k, &p, 3, allowed(0, 5 * SEC)).await;
 }
 
 /// Tokens come back at exactly the refill rate, and `remaining` counts whole tokens.
@@ -354,26 +342,19 @@ pub async fn token_bucket_refills_at_the_exact_rate<H: Harness>(h: &H) {
     acquire(h, &k, &p, 10).await;
     h.set_time(t + 2_500 * MS).await;
     // 5 tokens back: take 1, 4 left, 3 s to full
-    check(
-        "after 2.5 s",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(4, 3 * SEC),
-    );
+    expect(h, "after 2.5 s", &k, &p, 1, allowed(4, 3 * SEC)).await;
     h.set_time(t + 2_750 * MS).await;
     // 4.5 tokens: 4 whole ones; taking 4 leaves half a token
-    check(
-        "after 250 ms more",
-        &p,
-        &acquire(h, &k, &p, 4).await,
-        allowed(0, 4_750 * MS),
-    );
-    check(
+    expect(h, "after 250 ms more", &k, &p, 4, allowed(0, 4_750 * MS)).await;
+    expect(
+        h,
         "half a token left",
+        &k,
         &p,
-        &acquire(h, &k, &p, 1).await,
+        1,
         denied(0, 250 * MS, 4_750 * MS),
-    );
+    )
+    .await;
 }
 
 /// A wait that is not a whole number of microseconds is rounded up: 1 token at 3 per 7 s takes
@@ -384,33 +365,13 @@ pub async fn token_bucket_retry_after_rounds_up_to_the_microsecond<H: Harness>(h
     let k = key("tb-round", "a");
     let p = tb(5, Rate::new(3, Duration::from_secs(7)));
     // 5 tokens refill in 35/3 s = 11_666_666.7 µs, rounded up
-    check(
-        "drain",
-        &p,
-        &acquire(h, &k, &p, 5).await,
-        allowed(0, 11_666_667),
-    );
-    check(
-        "cost 1",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, 2_333_334, 11_666_667),
-    );
+    expect(h, "drain", &k, &p, 5, allowed(0, 11_666_667)).await;
+    expect(h, "cost 1", &k, &p, 1, denied(0, 2_333_334, 11_666_667)).await;
     h.set_time(t + 2_333_333).await;
-    check(
-        "1 µs early",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, 1, 9_333_334),
-    );
+    expect(h, "1 µs early", &k, &p, 1, denied(0, 1, 9_333_334)).await;
     h.set_time(t + 2_333_334).await;
     // 2 units over: (35_000_000 - 2) / 3 µs to full, exactly
-    check(
-        "at retry_after",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(0, 11_666_666),
-    );
+    expect(h, "at retry_after", &k, &p, 1, allowed(0, 11_666_666)).await;
 }
 
 /// An idle bucket expires once it would be full again, and then behaves as a fresh one.
@@ -426,12 +387,7 @@ pub async fn token_bucket_idle_bucket_is_fresh_after_expiry<H: Harness>(h: &H) {
     assert_fresh("at reset_after", h, &k, &p).await;
     h.set_time(reset_at + 5 * MS).await;
     assert_fresh("past expiry", h, &k, &p).await;
-    check(
-        "past expiry",
-        &p,
-        &acquire(h, &k, &p, 10).await,
-        allowed(0, 5 * SEC),
-    );
+    expect(h, "past expiry", &k, &p, 10, allowed(0, 5 * SEC)).await;
 }
 
 /// A clock stepping back credits nothing and never moves the bucket's time back; stepping
@@ -444,26 +400,19 @@ pub async fn token_bucket_clock_step_back_gives_no_credit<H: Harness>(h: &H) {
     acquire(h, &k, &p, 10).await;
     h.set_time(t + 5 * SEC).await;
     // the bucket's time stays at t+10 s: 1 token is 1 s after that, 6 s from now
-    check(
-        "5 s back",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, 6 * SEC, 15 * SEC),
-    );
+    expect(h, "5 s back", &k, &p, 1, denied(0, 6 * SEC, 15 * SEC)).await;
     h.set_time(t + 10_500 * MS).await;
-    check(
+    expect(
+        h,
         "forward to +0.5 s",
+        &k,
         &p,
-        &acquire(h, &k, &p, 1).await,
+        1,
         denied(0, 500 * MS, 9_500 * MS),
-    );
+    )
+    .await;
     h.set_time(t + 11 * SEC).await;
-    check(
-        "forward to +1 s",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(0, 10 * SEC),
-    );
+    expect(h, "forward to +1 s", &k, &p, 1, allowed(0, 10 * SEC)).await;
 }
 
 /// A forward jump refills to capacity and no further, whether the bucket is still stored or
@@ -473,40 +422,15 @@ pub async fn token_bucket_forward_jump_refills_at_most_to_capacity<H: Harness>(h
     h.set_time(t).await;
     let k = key("tb-jump", "a");
     let p = tb(10, Rate::per_second(1));
-    check("cost 1", &p, &acquire(h, &k, &p, 1).await, allowed(9, SEC));
+    expect(h, "cost 1", &k, &p, 1, allowed(9, SEC)).await;
     // still stored (its expiry is the millisecond t + 1 s), with 1.0005 s of refill due
     h.set_time(t + SEC + 500).await;
-    check(
-        "1.0005 s later",
-        &p,
-        &acquire(h, &k, &p, 10).await,
-        allowed(0, 10 * SEC),
-    );
-    check(
-        "beyond capacity",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, SEC, 10 * SEC),
-    );
+    expect(h, "1.0005 s later", &k, &p, 10, allowed(0, 10 * SEC)).await;
+    expect(h, "beyond capacity", &k, &p, 1, denied(0, SEC, 10 * SEC)).await;
     h.set_time(t + 5 * 3600 * SEC).await;
-    check(
-        "5 h later",
-        &p,
-        &acquire(h, &k, &p, 4).await,
-        allowed(6, 4 * SEC),
-    );
-    check(
-        "rest of capacity",
-        &p,
-        &acquire(h, &k, &p, 6).await,
-        allowed(0, 10 * SEC),
-    );
-    check(
-        "beyond capacity",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, SEC, 10 * SEC),
-    );
+    expect(h, "5 h later", &k, &p, 4, allowed(6, 4 * SEC)).await;
+    expect(h, "rest of capacity", &k, &p, 6, allowed(0, 10 * SEC)).await;
+    expect(h, "beyond capacity", &k, &p, 1, denied(0, SEC, 10 * SEC)).await;
 }
 
 /// With a cap on credited elapsed time, one forward jump buys at most that much refill.
@@ -520,18 +444,8 @@ pub async fn token_bucket_max_elapsed_caps_what_a_jump_buys<H: Harness>(h: &H) {
     acquire(h, &k, &p, 10).await;
     // within the bucket's 10 s lifetime: 5 s elapsed, 2 s credited
     h.set_time(t + 5 * SEC).await;
-    check(
-        "5 s later, 2 s credited",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(1, 9 * SEC),
-    );
-    check(
-        "nothing more",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        denied(1, SEC, 9 * SEC),
-    );
+    expect(h, "5 s later, 2 s credited", &k, &p, 1, allowed(1, 9 * SEC)).await;
+    expect(h, "nothing more", &k, &p, 2, denied(1, SEC, 9 * SEC)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -544,12 +458,7 @@ pub async fn fixed_window_missing_window_is_empty<H: Harness>(h: &H) {
     let k = key("fw-missing", "a");
     let p = fw(3, 10);
     check("peek", &p, &peek(h, &k, &p, 3).await, allowed(0, 8 * SEC));
-    check(
-        "cost 1",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(2, 8 * SEC),
-    );
+    expect(h, "cost 1", &k, &p, 1, allowed(2, 8 * SEC)).await;
 }
 
 /// Windows are aligned to the epoch (`floor(now / window)`): a window filled 2 s into it
@@ -559,33 +468,13 @@ pub async fn fixed_window_resets_at_the_epoch_aligned_boundary<H: Harness>(h: &H
     h.set_time(t + 2 * SEC).await;
     let k = key("fw-boundary", "a");
     let p = fw(3, 10);
-    check(
-        "fill",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(0, 8 * SEC),
-    );
+    expect(h, "fill", &k, &p, 3, allowed(0, 8 * SEC)).await;
     h.set_time(t + 10 * SEC - 1).await;
-    check(
-        "last µs of the window",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, 1, 1),
-    );
+    expect(h, "last µs of the window", &k, &p, 1, denied(0, 1, 1)).await;
     h.set_time(t + 10 * SEC).await;
-    check(
-        "next window",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(2, 10 * SEC),
-    );
+    expect(h, "next window", &k, &p, 1, allowed(2, 10 * SEC)).await;
     h.set_time(t + 12 * SEC).await;
-    check(
-        "later in it",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        allowed(0, 8 * SEC),
-    );
+    expect(h, "later in it", &k, &p, 2, allowed(0, 8 * SEC)).await;
 }
 
 /// A cost above what the window has left is denied until the window's end; the denial
@@ -595,24 +484,9 @@ pub async fn fixed_window_denies_when_cost_exceeds_remaining<H: Harness>(h: &H) 
     h.set_time(t + 4 * SEC).await;
     let k = key("fw-deny", "a");
     let p = fw(3, 10);
-    check(
-        "cost 2",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        allowed(1, 6 * SEC),
-    );
-    check(
-        "cost 2 more",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        denied(1, 6 * SEC, 6 * SEC),
-    );
-    check(
-        "cost 1 fits",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(0, 6 * SEC),
-    );
+    expect(h, "cost 2", &k, &p, 2, allowed(1, 6 * SEC)).await;
+    expect(h, "cost 2 more", &k, &p, 2, denied(1, 6 * SEC, 6 * SEC)).await;
+    expect(h, "cost 1 fits", &k, &p, 1, allowed(0, 6 * SEC)).await;
 }
 
 /// A clock stepping back does not reopen the window already used, nor a closed earlier one;
@@ -622,33 +496,29 @@ pub async fn fixed_window_clock_step_back_does_not_reopen_a_window<H: Harness>(h
     h.set_time(t + 25 * SEC).await;
     let k = key("fw-back", "a");
     let p = fw(2, 10);
-    check(
-        "fill window [20, 30)",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        allowed(0, 5 * SEC),
-    );
+    expect(h, "fill window [20, 30)", &k, &p, 2, allowed(0, 5 * SEC)).await;
     h.set_time(t + 15 * SEC).await;
-    check(
+    expect(
+        h,
         "back in window [10, 20)",
+        &k,
         &p,
-        &acquire(h, &k, &p, 1).await,
+        1,
         denied(0, 15 * SEC, 15 * SEC),
-    );
+    )
+    .await;
     h.set_time(t + 25_500 * MS).await;
-    check(
+    expect(
+        h,
         "forward again",
+        &k,
         &p,
-        &acquire(h, &k, &p, 1).await,
+        1,
         denied(0, 4_500 * MS, 4_500 * MS),
-    );
+    )
+    .await;
     h.set_time(t + 30 * SEC).await;
-    check(
-        "next window",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        allowed(1, 10 * SEC),
-    );
+    expect(h, "next window", &k, &p, 1, allowed(1, 10 * SEC)).await;
 }
 
 /// A window's state expires at the window's end and a later request sees an empty window.
@@ -660,12 +530,7 @@ pub async fn fixed_window_idle_window_is_fresh_after_expiry<H: Harness>(h: &H) {
     acquire(h, &k, &p, 3).await;
     h.set_time(t + 35 * SEC).await;
     assert_fresh("three windows later", h, &k, &p).await;
-    check(
-        "three windows later",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(0, 5 * SEC),
-    );
+    expect(h, "three windows later", &k, &p, 3, allowed(0, 5 * SEC)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -678,12 +543,7 @@ pub async fn sliding_log_missing_log_is_empty<H: Harness>(h: &H) {
     let k = key("sl-missing", "a");
     let p = sl(5, 10);
     check("peek", &p, &peek(h, &k, &p, 5).await, allowed(0, 10 * SEC));
-    check(
-        "cost 2",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        allowed(3, 10 * SEC),
-    );
+    expect(h, "cost 2", &k, &p, 2, allowed(3, 10 * SEC)).await;
 }
 
 /// The log counts exactly the costs recorded in the last window: a request waits until enough
@@ -693,54 +553,19 @@ pub async fn sliding_log_counts_exactly_the_last_window<H: Harness>(h: &H) {
     h.set_time(t).await;
     let k = key("sl-exact", "a");
     let p = sl(5, 10);
-    check(
-        "cost 2 at 0 s",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        allowed(3, 10 * SEC),
-    );
+    expect(h, "cost 2 at 0 s", &k, &p, 2, allowed(3, 10 * SEC)).await;
     h.set_time(t + 4 * SEC).await;
-    check(
-        "cost 3 at 4 s",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(0, 10 * SEC),
-    );
+    expect(h, "cost 3 at 4 s", &k, &p, 3, allowed(0, 10 * SEC)).await;
     h.set_time(t + 6 * SEC).await;
     // the cost-2 entry at 0 s leaves the window at 10 s; the log empties at 14 s
-    check(
-        "cost 2 at 6 s",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        denied(0, 4 * SEC, 8 * SEC),
-    );
-    check(
-        "cost 1 at 6 s",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, 4 * SEC, 8 * SEC),
-    );
+    expect(h, "cost 2 at 6 s", &k, &p, 2, denied(0, 4 * SEC, 8 * SEC)).await;
+    expect(h, "cost 1 at 6 s", &k, &p, 1, denied(0, 4 * SEC, 8 * SEC)).await;
     h.set_time(t + 10 * SEC - 1).await;
-    check(
-        "1 µs early",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        denied(0, 1, 4 * SEC + 1),
-    );
+    expect(h, "1 µs early", &k, &p, 2, denied(0, 1, 4 * SEC + 1)).await;
     h.set_time(t + 10 * SEC).await;
-    check(
-        "at 10 s",
-        &p,
-        &acquire(h, &k, &p, 2).await,
-        allowed(0, 10 * SEC),
-    );
+    expect(h, "at 10 s", &k, &p, 2, allowed(0, 10 * SEC)).await;
     h.set_time(t + 14 * SEC).await;
-    check(
-        "at 14 s",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(0, 10 * SEC),
-    );
+    expect(h, "at 14 s", &k, &p, 3, allowed(0, 10 * SEC)).await;
 }
 
 /// A clock stepping back forgets no entry and lets nothing in early.
@@ -751,26 +576,19 @@ pub async fn sliding_log_clock_step_back_forgets_nothing<H: Harness>(h: &H) {
     let p = sl(5, 10);
     acquire(h, &k, &p, 5).await;
     h.set_time(t + 5 * SEC).await;
-    check(
-        "5 s back",
-        &p,
-        &acquire(h, &k, &p, 1).await,
-        denied(0, 15 * SEC, 15 * SEC),
-    );
+    expect(h, "5 s back", &k, &p, 1, denied(0, 15 * SEC, 15 * SEC)).await;
     h.set_time(t + 20 * SEC - 1).await;
-    check(
+    expect(
+        h,
         "1 µs before the entry leaves",
+        &k,
         &p,
-        &acquire(h, &k, &p, 1).await,
+        1,
         denied(0, 1, 1),
-    );
+    )
+    .await;
     h.set_time(t + 20 * SEC).await;
-    check(
-        "when it leaves",
-        &p,
-        &acquire(h, &k, &p, 5).await,
-        allowed(0, 10 * SEC),
-    );
+    expect(h, "when it leaves", &k, &p, 5, allowed(0, 10 * SEC)).await;
 }
 
 /// A log expires one window after its newest entry and then behaves as an empty one.
@@ -781,22 +599,12 @@ pub async fn sliding_log_idle_log_is_fresh_after_expiry<H: Harness>(h: &H) {
     let p = sl(5, 10);
     acquire(h, &k, &p, 2).await;
     h.set_time(t + 3 * SEC).await;
-    check(
-        "fill",
-        &p,
-        &acquire(h, &k, &p, 3).await,
-        allowed(0, 10 * SEC),
-    );
+    expect(h, "fill", &k, &p, 3, allowed(0, 10 * SEC)).await;
     h.set_time(t + 13 * SEC).await;
     assert_fresh("one window after the newest entry", h, &k, &p).await;
     h.set_time(t + 13 * SEC + 5 * MS).await;
     assert_fresh("past expiry", h, &k, &p).await;
-    check(
-        "past expiry",
-        &p,
-        &acquire(h, &k, &p, 5).await,
-        allowed(0, 10 * SEC),
-    );
+    expect(h, "past expiry", &k, &p, 5, allowed(0, 10 * SEC)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
