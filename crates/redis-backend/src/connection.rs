@@ -40,13 +40,7 @@ impl Conn {
         let value = match self {
             Self::Multiplexed(m) => m.clone().req_packed_command(cmd).await,
             Self::Pool(pool) => {
-                Box::pin(async {
-                    let (mut conn, broken) = checkout(pool).await?;
-                    let result = conn.req_packed_command(cmd).await;
-                    mark_if_broken(&broken, &result);
-                    result
-                })
-                .await
+                Box::pin(pool.send(async |conn| conn.req_packed_command(cmd).await)).await
             }
             Self::Sentinel(s) => Box::pin(s.command(cmd)).await,
             Self::Cluster(c) => Box::pin(cluster_command(c, cmd)).await,
@@ -62,13 +56,8 @@ impl Conn {
         match self {
             Self::Multiplexed(m) => m.clone().req_packed_commands(pipe, 0, count).await,
             Self::Pool(pool) => {
-                Box::pin(async {
-                    let (mut conn, broken) = checkout(pool).await?;
-                    let result = conn.req_packed_commands(pipe, 0, count).await;
-                    mark_if_broken(&broken, &result);
-                    result
-                })
-                .await
+                Box::pin(pool.send(async |conn| conn.req_packed_commands(pipe, 0, count).await))
+                    .await
             }
             Self::Sentinel(s) => Box::pin(s.pipeline(pipe, count)).await,
             Self::Cluster(c) => Box::pin(cluster_pipeline(c, pipe)).await,
@@ -206,11 +195,21 @@ async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<Atomic
     }
 }
 
-fn mark_if_broken<T>(broken: &AtomicBool, result: &RedisResult<T>) {
-    if let Err(e) = result
-        && e.is_unrecoverable_error()
-    {
-        broken.store(true, Ordering::Relaxed);
+impl Pool {
+    /// Checks a connection out, runs `call` on it, and flags the connection broken if the call
+    /// failed with an error that needs a reconnect (bb8 then drops it when it comes back).
+    async fn send<T>(
+        &self,
+        call: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let (mut conn, broken) = checkout(self).await?;
+        let result = call(&mut conn).await;
+        if let Err(e) = &result
+            && e.is_unrecoverable_error()
+        {
+            broken.store(true, Ordering::Relaxed);
+        }
+        result
     }
 }
 
