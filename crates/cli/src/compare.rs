@@ -87,16 +87,10 @@ pub(crate) async fn run(
     tollgate_rate: f64,
 ) -> Result<Vec<Ceiling>> {
     let ep = Arc::new(endpoint(url)?);
-    // The script must be in the server's cache for EVALSHA.
-    RedisStore::builder(url)
-        .build()
-        .await?
-        .load_scripts()
-        .await?;
-    let bare = Arc::new(Bare::for_policy(prefix, policy, cost, keys));
+    let bare = Arc::new(Bare::for_policy(url, prefix, policy, cost).await?);
     let mut out = Vec::new();
     for pipeline in [1usize, 16] {
-        let rps = drive(&ep, &bare, clients, pipeline, requests).await?;
+        let rps = drive(&ep, &bare, keys, clients, pipeline, requests).await?;
         out.push(Ceiling {
             clients,
             pipeline,
@@ -108,11 +102,12 @@ pub(crate) async fn run(
     Ok(out)
 }
 
-/// Runs `requests` commands of `bare` over `clients` connections, `pipeline` at a time on
-/// each; returns requests per second.
+/// Runs `requests` commands of `bare` on random keys of `keys` over `clients` connections,
+/// `pipeline` at a time on each; returns requests per second.
 async fn drive(
     ep: &Arc<Endpoint>,
     bare: &Arc<Bare>,
+    keys: usize,
     clients: usize,
     pipeline: usize,
     requests: u64,
@@ -123,7 +118,15 @@ async fn drive(
     for c in 0..clients.max(1) {
         let (ep, bare, left) = (ep.clone(), bare.clone(), left.clone());
         tasks.push(tokio::spawn(async move {
-            client(&ep, &bare, pipeline.max(1), &left, c as u64).await
+            client(
+                &ep,
+                &bare,
+                keys.max(1) as u64,
+                pipeline.max(1),
+                &left,
+                c as u64,
+            )
+            .await
         }));
     }
     for t in tasks {
@@ -132,27 +135,75 @@ async fn drive(
     Ok(requests as f64 / start.elapsed().as_secs_f64())
 }
 
-/// What every ceiling command carries: `EVALSHA sha 1 <prefix>{load:k<n>}:<suffix> args…`.
-struct Bare {
+/// A script run bare: `EVALSHA sha 1 <prefix>{<id>}:<suffix> args…`, the script already in
+/// the server's cache. The ceiling drivers here and `tollgate load --bare-script` /
+/// `--eval-file` send it.
+pub(crate) struct Bare {
     sha: String,
     prefix: String,
     suffix: &'static str,
-    args: Vec<Vec<u8>>,
-    keys: u64,
+    pub(crate) args: Vec<Vec<u8>>,
 }
 
 impl Bare {
-    /// tollgate's script for `policy`, with the argument a decision of `cost` sends. The
-    /// script must be in the server's cache.
-    fn for_policy(prefix: &str, policy: &Policy, cost: u64, keys: usize) -> Self {
+    /// tollgate's script for `policy`, with the argument a decision of `cost` sends; loads
+    /// tollgate's scripts into the cache of the server at `url`.
+    pub(crate) async fn for_policy(
+        url: &str,
+        prefix: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Self> {
+        RedisStore::builder(url)
+            .build()
+            .await?
+            .load_scripts()
+            .await?;
         let script = scripts::for_policy(policy);
-        Self {
+        Ok(Self {
             sha: script.sha().to_owned(),
             prefix: prefix.to_owned(),
             suffix: script.key_suffix(),
             args: vec![scripts::args(policy, cost, true).as_bytes().to_vec()],
-            keys: keys.max(1) as u64,
-        }
+        })
+    }
+
+    /// The Lua script in the file at `path` with `args`, on the keys a token bucket would use;
+    /// loads it into the cache of the server at `url`. `option` names the command-line option
+    /// the path came from, for the error.
+    pub(crate) async fn from_file(
+        url: &str,
+        prefix: &str,
+        path: &std::path::Path,
+        option: &str,
+        args: Vec<Vec<u8>>,
+    ) -> Result<Self> {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("{option} {}", path.display()))?;
+        let mut conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let sha = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(source)
+            .query_async(&mut conn)
+            .await?;
+        Ok(Self {
+            sha,
+            prefix: prefix.to_owned(),
+            suffix: "tb",
+            args,
+        })
+    }
+
+    /// The SHA to send.
+    pub(crate) fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// The key of bucket `id`.
+    pub(crate) fn key(&self, id: impl std::fmt::Display) -> String {
+        format!("{}{{{id}}}:{}", self.prefix, self.suffix)
     }
 }
 
@@ -198,29 +249,23 @@ pub(crate) struct CeilingArgs {
 pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
     let ep = Arc::new(endpoint(&args.redis)?);
     let bare = if let Some(path) = &args.script {
-        let mut conn = redis::Client::open(args.redis.as_str())?
-            .get_multiplexed_async_connection()
-            .await?;
-        let sha = load_script_file(&mut conn, path, "--script").await?;
-        Bare {
-            sha,
-            prefix: args.prefix.clone(),
-            suffix: "tb",
-            args: args.args.iter().map(|a| a.clone().into_bytes()).collect(),
-            keys: args.keys.max(1) as u64,
-        }
+        let script_args = args.args.iter().map(|a| a.clone().into_bytes()).collect();
+        Bare::from_file(&args.redis, &args.prefix, path, "--script", script_args).await?
     } else {
         let policy = args.policy.as_ref().context("give --policy or --script")?;
         policy.check_cost(args.cost)?;
-        RedisStore::builder(args.redis.as_str())
-            .build()
-            .await?
-            .load_scripts()
-            .await?;
-        Bare::for_policy(&args.prefix, policy, args.cost, args.keys)
+        Bare::for_policy(&args.redis, &args.prefix, policy, args.cost).await?
     };
     let bare = Arc::new(bare);
-    let rps = drive(&ep, &bare, args.clients, args.pipeline, args.requests).await?;
+    let rps = drive(
+        &ep,
+        &bare,
+        args.keys,
+        args.clients,
+        args.pipeline,
+        args.requests,
+    )
+    .await?;
     let script = args.script.as_ref().map_or_else(
         || {
             format!(
@@ -252,27 +297,12 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
     Ok(())
 }
 
-/// Loads the Lua script in the file at `path` into the server's script cache and returns its
-/// SHA; `option` names the command-line option the path came from, for the error.
-pub(crate) async fn load_script_file(
-    conn: &mut redis::aio::MultiplexedConnection,
-    path: &std::path::Path,
-    option: &str,
-) -> Result<String> {
-    let source =
-        std::fs::read_to_string(path).with_context(|| format!("{option} {}", path.display()))?;
-    Ok(redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(source)
-        .query_async(conn)
-        .await?)
-}
-
 /// One connection: `pipeline` commands at a time, each on a random key (as redis-benchmark's
 /// `__rand_int__`: 12 digits), until `left` runs out.
 async fn client(
     ep: &Endpoint,
     bare: &Bare,
+    keys: u64,
     pipeline: usize,
     left: &AtomicU64,
     seed: u64,
@@ -314,12 +344,7 @@ async fn client(
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let key = format!(
-                "{}{{load:k{:012}}}:{}",
-                bare.prefix,
-                rng % bare.keys,
-                bare.suffix
-            );
+            let key = bare.key(format_args!("load:k{:012}", rng % keys));
             let mut parts: Vec<&[u8]> = vec![b"EVALSHA", bare.sha.as_bytes(), b"1", key.as_bytes()];
             parts.extend(bare.args.iter().map(Vec::as_slice));
             command(&mut buf, &parts);

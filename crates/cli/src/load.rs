@@ -15,6 +15,7 @@ use serde::Serialize;
 use tollgate::{Algorithm, Decision, Enforcement, Error, FailureMode, Key, Limiter, Policy};
 
 use crate::StoreArgs;
+use crate::compare::Bare;
 
 /// Upper bound on requests when only `--duration` is given.
 const DEFAULT_MAX_REQUESTS: u64 = 100_000_000;
@@ -130,20 +131,13 @@ enum Probe {
     Check(Limiter),
     /// A bare PING on the instance's connection.
     Ping(redis::aio::MultiplexedConnection),
-    /// The policy's script by a bare EVALSHA: the SHA, the key prefix and suffix, the
-    /// arguments.
-    Script(redis::aio::MultiplexedConnection, Arc<BareScript>),
-    /// A script from a file by a bare EVALSHA with one key and no arguments: its SHA and the
-    /// key prefix.
-    Eval(redis::aio::MultiplexedConnection, Arc<(String, String)>),
-}
-
-/// What a bare `EVALSHA` sends besides the key.
-struct BareScript {
-    sha: String,
-    prefix: String,
-    suffix: &'static str,
-    args: tollgate::redis::scripts::Args,
+    /// A script by a bare EVALSHA: the policy's (its reply read as a decision) or one from a
+    /// file (its reply ignored).
+    Script {
+        conn: redis::aio::MultiplexedConnection,
+        bare: Arc<Bare>,
+        decides: bool,
+    },
 }
 
 /// Outcomes of one iteration.
@@ -192,39 +186,29 @@ impl Probe {
                 tally.allowed = 1;
                 tally.shared = 1;
             }
-            Self::Script(conn, script) => {
-                let key = format!(
-                    "{}{{{}}}:{}",
-                    script.prefix,
-                    keys[0].as_str(),
-                    script.suffix
-                );
-                let reply: Vec<u8> = redis::cmd("EVALSHA")
-                    .arg(&script.sha)
+            Self::Script {
+                conn,
+                bare,
+                decides,
+            } => {
+                let reply: redis::Value = redis::cmd("EVALSHA")
+                    .arg(bare.sha())
                     .arg(1)
-                    .arg(key)
-                    .arg(script.args)
+                    .arg(bare.key(keys[0].as_str()))
+                    .arg(&bare.args)
                     .query_async(conn)
                     .await
                     .map_err(|e| Failure::Other(e.to_string()))?;
-                if tollgate::redis::scripts::reply(&reply).is_some_and(|r| r[0] == 1) {
+                let allowed = !*decides || {
+                    let reply: Vec<u8> = redis::from_redis_value(reply)
+                        .map_err(|e| Failure::Other(e.to_string()))?;
+                    tollgate::redis::scripts::reply(&reply).is_some_and(|r| r[0] == 1)
+                };
+                if allowed {
                     tally.allowed = 1;
                 } else {
                     tally.denied = 1;
                 }
-                tally.shared = 1;
-            }
-            Self::Eval(conn, script) => {
-                let (sha, prefix) = &**script;
-                let key = format!("{prefix}{{{}}}:tb", keys[0].as_str());
-                let _: redis::Value = redis::cmd("EVALSHA")
-                    .arg(sha)
-                    .arg(1)
-                    .arg(key)
-                    .query_async(conn)
-                    .await
-                    .map_err(|e| Failure::Other(e.to_string()))?;
-                tally.allowed = 1;
                 tally.shared = 1;
             }
         }
@@ -437,31 +421,27 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         probes.push(
             if args.ping || args.bare_script || args.eval_file.is_some() {
                 let url = args.store.redis.as_deref().unwrap_or_default();
-                let mut conn = redis::Client::open(url)?
+                let conn = redis::Client::open(url)?
                     .get_multiplexed_async_connection()
                     .await?;
+                let prefix = &args.store.prefix;
                 if args.ping {
                     Probe::Ping(conn)
                 } else if let Some(path) = &args.eval_file {
-                    let sha =
-                        crate::compare::load_script_file(&mut conn, path, "--eval-file").await?;
-                    Probe::Eval(conn, Arc::new((sha, args.store.prefix.clone())))
-                } else {
-                    tollgate::redis::RedisStore::builder(url)
-                        .build()
-                        .await?
-                        .load_scripts()
-                        .await?;
-                    let script = tollgate::redis::scripts::for_policy(&args.policy);
-                    Probe::Script(
+                    let bare =
+                        Bare::from_file(url, prefix, path, "--eval-file", Vec::new()).await?;
+                    Probe::Script {
                         conn,
-                        Arc::new(BareScript {
-                            sha: script.sha().to_owned(),
-                            prefix: args.store.prefix.clone(),
-                            suffix: script.key_suffix(),
-                            args: tollgate::redis::scripts::args(&args.policy, args.cost, true),
-                        }),
-                    )
+                        bare: Arc::new(bare),
+                        decides: false,
+                    }
+                } else {
+                    let bare = Bare::for_policy(url, prefix, &args.policy, args.cost).await?;
+                    Probe::Script {
+                        conn,
+                        bare: Arc::new(bare),
+                        decides: true,
+                    }
                 }
             } else {
                 let mut b = Limiter::builder("load", args.policy)
