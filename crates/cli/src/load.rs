@@ -131,12 +131,12 @@ enum Probe {
     Check(Limiter),
     /// A bare PING on the instance's connection.
     Ping(redis::aio::MultiplexedConnection),
-    /// A script by a bare EVALSHA: the policy's (its reply read as a decision) or one from a
-    /// file (its reply ignored).
+    /// A script by a bare EVALSHA: the policy's (its reply read as a decision, completed by
+    /// the policy's limit: `decides`) or one from a file (`None`: its reply ignored).
     Script {
         conn: redis::aio::MultiplexedConnection,
         bare: Arc<Bare>,
-        decides: bool,
+        decides: Option<u64>,
     },
 }
 
@@ -199,10 +199,14 @@ impl Probe {
                     .query_async(conn)
                     .await
                     .map_err(|e| Failure::Other(e.to_string()))?;
-                let allowed = !*decides || {
-                    let reply: Vec<u8> = redis::from_redis_value(reply)
-                        .map_err(|e| Failure::Other(e.to_string()))?;
-                    tollgate::redis::scripts::reply(&reply).is_some_and(|r| r[0] == 1)
+                let allowed = match decides {
+                    None => true,
+                    Some(limit) => {
+                        tollgate::redis::scripts::reply(&reply, *limit)
+                            .ok_or_else(|| Failure::Other(format!("unexpected reply {reply:?}")))?
+                            [0]
+                            == 1
+                    }
                 };
                 if allowed {
                     tally.allowed = 1;
@@ -433,14 +437,14 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     Probe::Script {
                         conn,
                         bare: Arc::new(bare),
-                        decides: false,
+                        decides: None,
                     }
                 } else {
                     let bare = Bare::for_policy(url, prefix, &args.policy, args.cost).await?;
                     Probe::Script {
                         conn,
                         bare: Arc::new(bare),
-                        decides: true,
+                        decides: Some(args.policy.limit()),
                     }
                 }
             } else {

@@ -5,7 +5,8 @@
 -- integer, as the scripts accept only integer records and arguments), rounded up to
 -- milliseconds (at least 1): (reset + 999) / 1000, which '%d' truncates, is the ceiling for
 -- an integer reset below 2^53 - 999; then replies allowed, remaining, retry, reset, limit in
--- one string (REPLY, see the prelude). The milliseconds go as a string made by
+-- one string (REPLY, see the prelude), or an admission under the caller's own parameters as
+-- one integer, remaining * 2^37 + reset, when both fit (below 2^53: exact). The milliseconds go as a string made by
 -- string.format('%d'): a number argument costs Redis a "%.17g" conversion, dearer than the
 -- call.
 if rec then
@@ -15,5 +16,8 @@ if rec then
     redis.call('SET', K[1], rec, 'PX',
       string.format('%d', reset > 0 and (reset + 999) / 1000 or 1))
   end
+end
+if allowed == 1 and own and remaining < 65536 and reset < PACKED then
+  return remaining * PACKED + reset
 end
 return struct.pack(REPLY, allowed, remaining, retry, reset, limit)

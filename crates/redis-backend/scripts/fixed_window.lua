@@ -7,7 +7,8 @@
 --         see the prelude
 -- record  2, generation, pending, limit, window_us, window_start_us, count
 -- returns allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
---         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY)
+--         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY); most
+--         admissions as one integer, remaining * 2^37 + reset_after_us (see the prelude)
 -- The arguments, checked inline (see the prelude: no closure, no pcall): the head's bytes
 -- and the values. A value of another type than number where the checks compare it (a
 -- MessagePack string, nil, ...), or an argument that is not MessagePack, raises a Lua error

@@ -9,7 +9,8 @@
 --         each struct.pack('<dd', t, c), oldest first, times strictly rising; at most 1000
 --         entries, so every call's work is bounded.
 -- returns allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
---         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY)
+--         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY); most
+--         admissions as one integer, remaining * 2^37 + reset_after_us (see the prelude)
 local MAX_ENTRIES = 1000
 -- The arguments, checked inline (see the prelude: no closure, no pcall): the head's bytes
 -- and the values. A value of another type than number where the checks compare it (a

@@ -185,7 +185,7 @@ impl RedisStore {
                 Err(e) if is_noscript(&e) => self.inner.conn.command(&inv.cmd(Call::Eval)).await,
                 other => other,
             };
-            decision(reply, inv.cost)
+            decision(reply, inv.cost, inv.limit)
         })
         .await
     }
@@ -239,7 +239,7 @@ impl RedisStore {
         replies
             .into_iter()
             .zip(&invs)
-            .map(|(reply, inv)| decision(reply.extract_error(), inv.cost))
+            .map(|(reply, inv)| decision(reply.extract_error(), inv.cost, inv.limit))
             .collect()
     }
 }
@@ -249,15 +249,16 @@ fn is_noscript_reply(v: &Value) -> bool {
 }
 
 /// Turns a script's reply ([`scripts::reply`]: allowed, remaining, retry_after_us,
-/// reset_after_us, limit) into a decision; `allowed` -1 means `cost` is above the governing
-/// limit.
-fn decision(reply: Result<Value, RedisError>, cost: u64) -> Result<Decision, StoreError> {
+/// reset_after_us, limit; `own_limit` completes an integer reply) into a decision; `allowed`
+/// -1 means `cost` is above the governing limit.
+fn decision(
+    reply: Result<Value, RedisError>,
+    cost: u64,
+    own_limit: u64,
+) -> Result<Decision, StoreError> {
     let reply = reply.map_err(|e| classify(&e))?;
     let bad = || StoreError::Script(format!("unexpected script reply: {reply:?}"));
-    let Value::BulkString(raw) = &reply else {
-        return Err(bad());
-    };
-    let Some([allowed, remaining, retry, reset, limit]) = scripts::reply(raw) else {
+    let Some([allowed, remaining, retry, reset, limit]) = scripts::reply(&reply, own_limit) else {
         return Err(bad());
     };
     let limit = match u64::try_from(limit) {
@@ -358,16 +359,21 @@ mod tests {
 
     #[test]
     fn decodes_allowed_and_denied_replies() {
-        let d = decision(arr([1, 3, -1, 3_500_000, 10]), 1).unwrap();
+        let d = decision(arr([1, 3, -1, 3_500_000, 10]), 1, 10).unwrap();
         assert_eq!(d, Decision::shared(true, 10, 3, None, 3_500_000));
-        let d = decision(arr([0, 0, 1_400_000, 5_000_000, 10]), 3).unwrap();
+        let d = decision(arr([0, 0, 1_400_000, 5_000_000, 10]), 3, 10).unwrap();
         assert_eq!(
             d,
             Decision::shared(false, 10, 0, Some(1_400_000), 5_000_000)
         );
+        // an admission under the caller's own policy, as one integer: remaining * 2^37 + reset
+        let d = decision(Ok(Value::Int((3 << 37) + 3_500_000)), 1, 10).unwrap();
+        assert_eq!(d, Decision::shared(true, 10, 3, None, 3_500_000));
+        let d = decision(Ok(Value::Int(0)), 10, 10).unwrap();
+        assert_eq!(d, Decision::shared(true, 10, 0, None, 0));
         // a newer stored policy governs with a smaller limit than the caller's cost
         assert!(matches!(
-            decision(arr([-1, 0, -1, 0, 4]), 5),
+            decision(arr([-1, 0, -1, 0, 4]), 5, 10),
             Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity {
                 cost: 5,
                 max: 4
@@ -388,20 +394,30 @@ mod tests {
             [-1, 0, -1, 0, 10],
         ] {
             assert!(
-                matches!(decision(arr(bad), 10), Err(StoreError::Script(_))),
+                matches!(decision(arr(bad), 10, 10), Err(StoreError::Script(_))),
                 "{bad:?}"
             );
         }
+        // an integer reply: negative, or more remaining than the caller's limit
+        for bad in [-1, 11 << 37] {
+            assert!(
+                matches!(
+                    decision(Ok(Value::Int(bad)), 1, 10),
+                    Err(StoreError::Script(_))
+                ),
+                "{bad}"
+            );
+        }
         assert!(matches!(
-            decision(Ok(Value::Nil), 10),
+            decision(Ok(Value::Nil), 10, 10),
             Err(StoreError::Script(_))
         ));
         assert!(matches!(
-            decision(Ok(Value::Array(vec![Value::Int(1)])), 10),
+            decision(Ok(Value::Array(vec![Value::Int(1)])), 10, 10),
             Err(StoreError::Script(_))
         ));
         assert!(matches!(
-            decision(Ok(Value::BulkString(vec![0; 39])), 10),
+            decision(Ok(Value::BulkString(vec![0; 39])), 10, 10),
             Err(StoreError::Script(_))
         ));
     }

@@ -69,6 +69,60 @@ async fn token_bucket_allows_then_denies_with_exact_retry_and_remaining() {
     assert!(us(peek.retry_after) <= HOUR_US);
 }
 
+/// An admission under the caller's own parameters replies one integer (remaining * 2^37 +
+/// reset_after_us) when both fit; a denial, or an admission whose numbers do not fit, replies
+/// the five-field string; `scripts::reply` reads both.
+#[tokio::test]
+async fn admissions_reply_one_integer_when_they_fit_and_the_string_otherwise() {
+    let server = Server::start();
+    let hour = i64::try_from(HOUR_US).unwrap();
+    let mut conn = server.conn();
+    let mut call = |rkey: &str, p: &Policy, cost: u64| -> Value {
+        redis::cmd("EVALSHA")
+            .arg(scripts::for_policy(p).sha())
+            .arg(1)
+            .arg(rkey)
+            .arg(scripts::args(p, cost, true))
+            .query(&mut conn)
+            .unwrap()
+    };
+    server.multiplexed().await.load_scripts().await.unwrap();
+    let small = Policy::token_bucket(10, Rate::new(1, HOUR)).unwrap();
+    let v = call("r:{a}:tb", &small, 7);
+    assert_eq!(v, Value::Int((3 << 37) + 7 * hour));
+    assert_eq!(scripts::reply(&v, 10), Some([1, 3, -1, 7 * hour, 10]));
+    // denied: the string, with its retry
+    let v = call("r:{a}:tb", &small, 7);
+    let r = scripts::reply(&v, 10).unwrap();
+    assert!(matches!(v, Value::BulkString(_)), "{v:?}");
+    assert_eq!((r[0], r[1], r[4]), (0, 3, 10));
+    assert!(r[2] > 0 && r[3] > r[2]);
+    // remaining 2^16: the string
+    let big = Policy::token_bucket(1 << 17, Rate::per_second(1)).unwrap();
+    let v = call("r:{b}:tb", &big, 1 << 16);
+    assert!(matches!(v, Value::BulkString(_)), "{v:?}");
+    assert_eq!(
+        scripts::reply(&v, 1 << 17),
+        Some([1, 1 << 16, -1, (1 << 16) * 1_000_000, 1 << 17])
+    );
+    // reset 40 hours (2^37 us is 38.2): the string
+    let slow = Policy::token_bucket(10, Rate::new(1, 4 * HOUR)).unwrap();
+    let v = call("r:{c}:tb", &slow, 10);
+    assert!(matches!(v, Value::BulkString(_)), "{v:?}");
+    assert_eq!(scripts::reply(&v, 10), Some([1, 0, -1, 40 * hour, 10]));
+    // the other two algorithms: an integer for a small admission
+    for p in [
+        Policy::fixed_window(5, HOUR).unwrap(),
+        Policy::sliding_log(5, HOUR).unwrap(),
+    ] {
+        let rkey = format!("r:{{d}}:{}", scripts::for_policy(&p).key_suffix());
+        let v = call(&rkey, &p, 2);
+        let Value::Int(n) = v else { panic!("{v:?}") };
+        assert_eq!(n >> 37, 3, "{p:?}");
+        assert!(n % (1 << 37) <= hour, "{p:?}: reset within the hour");
+    }
+}
+
 /// The key's bytes, its expiry instant (`PEXPIRETIME`) and the server's count of `SET` calls.
 fn stored(server: &Server, rkey: &str) -> (Vec<u8>, i64, u64) {
     let mut conn = server.conn();
