@@ -16,9 +16,14 @@ THREADS=${THREADS:-1}
 cargo build --release -q -p tollgate-cli
 B=target/release/tollgate
 DIR=$(mktemp -d)
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" --daemonize yes --logfile "$DIR/redis.log"
-trap 'redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$DIR"' EXIT
-for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+# serve PORT: a fresh loopback redis-server (the script-cost section starts three more)
+serve() {
+  mkdir -p "$DIR/$1"
+  redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR/$1" --daemonize yes --logfile "$DIR/$1/redis.log"
+  for _ in $(seq 50); do redis-cli -p "$1" ping >/dev/null 2>&1 && break; sleep 0.1; done
+}
+trap 'for p in "$PORT" $((PORT + 1)) $((PORT + 2)) $((PORT + 3)); do redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; done; rm -rf "$DIR"' EXIT
+serve "$PORT"
 URL="redis://127.0.0.1:$PORT"
 TB="token-bucket:capacity=100,rate=50"
 FW="fixed-window:limit=100,window=1m"
@@ -46,41 +51,70 @@ for P in "${POLICIES[@]}"; do
   done
 done
 echo
-echo "### Script cost: tollgate's token bucket vs the source text's (-c 64 -P 16, 100,000 keys; 5 rounds, interleaved)"
+SC=$((4 * N))
+echo "### Script cost: tollgate's token bucket vs the source text's (-c 64 -P 16, 100,000 keys, $SC requests per run; 5 rounds, interleaved)"
 echo
 echo "Both scripts driven by one client, \`tollgate ceiling\` (redis-benchmark's loop over raw"
 echo "connections: redis-benchmark itself cannot send tollgate's binary argument), and the source"
 echo "text's also by redis-benchmark, as a check on that driver. One unrecorded pass of each first;"
-echo "then the two scripts' order alternates between rounds."
+echo "then the two scripts' order alternates between rounds. Each run is four times the other"
+echo "sections' (~3 s): a run of 100,000 requests lasts under a second, of which the clients'"
+echo "start is a visible part. Each script (and the redis-benchmark check) has a fresh redis-server"
+echo "of its own: the source text's keys live 2 s after a run, and on a shared server their expiry"
+echo "would fall in the next run of another script (tollgate's keys live ~20 ms). Beside the throughput, each server's own CPU time (user + system,"
+echo "from /proc) per request in each run: what each script costs the server, whatever the client does."
 echo
-SEED_SHA=$(redis-cli -p "$PORT" script load "$(cat benches/scripts/seed_token_bucket.lua)")
-rb() { redis-benchmark -p "$PORT" -c 64 -P 16 -n "$N" -r 100000 --csv "$@" | tail -1 | cut -d, -f2 | tr -d '"'; }
-ceil() { $B ceiling --redis "$URL" --clients 64 --pipeline 16 --requests "$N" --keys 100000 --json "$@" | j "d['requests_per_sec']"; }
+SRC_PORT=$((PORT + 1)) OUR_PORT=$((PORT + 2)) RB_PORT=$((PORT + 3))
+serve "$SRC_PORT"; serve "$OUR_PORT"; serve "$RB_PORT"
+SEED_SHA=$(redis-cli -p "$RB_PORT" script load "$(cat benches/scripts/seed_token_bucket.lua)")
+pid() { redis-cli -p "$1" info server | tr -d '\r' | sed -n 's/^process_id://p'; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# costed PORT CMD...: one run of CMD (which prints requests/s) against the server on PORT:
+# "<requests/s> <that server's CPU ns per request>"
+costed() {
+  local p t0 rps
+  p=$(pid "$1"); shift
+  t0=$(ticks "$p"); rps=$("$@"); echo "$rps $((($(ticks "$p") - t0) * 10000000 / SC))"
+}
+rb() { redis-benchmark -p "$RB_PORT" -c 64 -P 16 -n "$SC" -r 100000 --csv "$@" | tail -1 | cut -d, -f2 | tr -d '"'; }
+ceil() { $B ceiling --clients 64 --pipeline 16 --requests "$SC" --keys 100000 --json "$@" | j "d['requests_per_sec']"; }
 # the source text's keys take a prefix as long as tollgate's, so both key sets are alike; one
 # unrecorded pass of each first (the key sets' first growth), then rounds in alternating order
-src() { ceil --script benches/scripts/seed_token_bucket.lua --arg 100 --arg 50 --arg 1 --prefix seedtext:; }
-src >/dev/null; ceil --policy "$TB" >/dev/null
-seeds=(); seedsd=(); ours=()
+src() { ceil --redis "redis://127.0.0.1:$SRC_PORT" --script benches/scripts/seed_token_bucket.lua --arg 100 --arg 50 --arg 1 --prefix seedtext:; }
+ours() { ceil --redis "redis://127.0.0.1:$OUR_PORT" --policy "$TB"; }
+src >/dev/null; ours >/dev/null; rb EVALSHA "$SEED_SHA" 1 'seed:{k__rand_int__}' 100 50 1 >/dev/null
+seeds=(); seedsd=(); tg=()
 for r in 1 2 3 4 5; do
-  seeds+=("$(rb EVALSHA "$SEED_SHA" 1 'seed:{k__rand_int__}' 100 50 1)")
+  seeds+=("$(costed "$RB_PORT" rb EVALSHA "$SEED_SHA" 1 'seed:{k__rand_int__}' 100 50 1)")
   if [ $((r % 2)) -eq 1 ]; then
-    seedsd+=("$(src)"); ours+=("$(ceil --policy "$TB")")
+    seedsd+=("$(costed "$SRC_PORT" src)"); tg+=("$(costed "$OUR_PORT" ours)")
   else
-    ours+=("$(ceil --policy "$TB")"); seedsd+=("$(src)")
+    tg+=("$(costed "$OUR_PORT" ours)"); seedsd+=("$(costed "$SRC_PORT" src)")
   fi
 done
-python3 -c "
-import statistics as st
-s=[$(IFS=,; echo "${seeds[*]}")]; d=[$(IFS=,; echo "${seedsd[*]}")]; o=[$(IFS=,; echo "${ours[*]}")]
-print('| script (driver) | requests/s, each round | median |')
-print('|---|---|---:|')
-print('| source text\'s token bucket (HGET x2, HSET, PEXPIRE; redis-benchmark) | %s | %.0f |' % (', '.join('%.0f' % x for x in s), st.median(s)))
-print('| source text\'s token bucket (tollgate ceiling) | %s | %.0f |' % (', '.join('%.0f' % x for x in d), st.median(d)))
-print('| tollgate token bucket (TIME, GET, SET PX; tollgate ceiling) | %s | %.0f |' % (', '.join('%.0f' % x for x in o), st.median(o)))
-print()
-print('ceiling ratio tollgate/source text, one driver (median of the per-round ratios): %.2f (rounds: %s)' % (st.median(x / y for x, y in zip(o, d)), ', '.join('%.2f' % (x / y) for x, y in zip(o, d))))
-print()
-print('against redis-benchmark driving the source text\'s: %.2f' % st.median(x / y for x, y in zip(o, s)))"
+python3 - "${seeds[*]}" "${seedsd[*]}" "${tg[*]}" <<'PY'
+import statistics as st, sys
+def pairs(text):
+    v = [float(x) for x in text.split()]
+    return list(zip(v[0::2], v[1::2]))
+s, d, o = (pairs(a) for a in sys.argv[1:4])
+print('| script (driver) | requests/s, each round | median | server CPU µs per request, each round | median |')
+print('|---|---|---:|---|---:|')
+def row(name, v):
+    print('| %s | %s | %.0f | %s | %.2f |' % (name, ', '.join('%.0f' % x for x, _ in v),
+          st.median(x for x, _ in v), ', '.join('%.2f' % (c / 1000) for _, c in v),
+          st.median(c / 1000 for _, c in v)))
+row("source text's token bucket (HGET x2, HSET, PEXPIRE; redis-benchmark)", s)
+row("source text's token bucket (tollgate ceiling)", d)
+row('tollgate token bucket (TIME, GET, SET PX; tollgate ceiling)', o)
+def ratio(label, f):
+    r = [f(x, y) for x, y in zip(o, d)]
+    print('\n%s (median of the per-round ratios): %.2f (rounds: %s)' % (label, st.median(r), ', '.join('%.2f' % x for x in r)))
+ratio('ceiling ratio tollgate/source text, one driver', lambda x, y: x[0] / y[0])
+ratio('server CPU per request, source text/tollgate', lambda x, y: y[1] / x[1])
+print("\nagainst redis-benchmark driving the source text's: %.2f" % st.median(x[0] / y[0] for x, y in zip(o, s)))
+PY
+for p in "$SRC_PORT" "$OUR_PORT" "$RB_PORT"; do redis-cli -p "$p" shutdown nosave >/dev/null; done
 echo
 echo "### Connections: multiplexed vs bb8 pools (token bucket, 100,000 keys; 3 rounds each)"
 echo
