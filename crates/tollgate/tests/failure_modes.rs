@@ -1,13 +1,13 @@
 //! Each failure mode against real redis-server failures: killed, restarted, paused, busy, and a
 //! script error that must surface loudly instead of switching modes. Bounded and loopback only.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::limiter_with_breaker;
 use tollgate::redis::RedisStore;
-use tollgate::{
-    BreakerConfig, BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, Policy, Rate,
-};
+use tollgate::{BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, Policy, Rate};
 use tollgate_testkit::server::RedisServer;
 
 const DEADLINE: Duration = Duration::from_millis(150);
@@ -24,16 +24,7 @@ async fn limiter(server: &RedisServer, mode: FailureMode) -> Limiter {
         .build()
         .await
         .expect("store");
-    Limiter::builder("fault", policy())
-        .store(Arc::new(store))
-        .failure_mode(mode)
-        .timeout(DEADLINE)
-        .breaker(BreakerConfig {
-            failure_threshold: 3,
-            probe_interval: Duration::from_millis(100),
-        })
-        .build()
-        .unwrap()
+    limiter_with_breaker("fault", policy(), store, mode, DEADLINE)
 }
 
 /// Calls `check` once, asserting it returns within the bound.

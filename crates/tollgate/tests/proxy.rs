@@ -3,13 +3,13 @@
 //! the deadline (plus slack) and its breaker opens; when latency goes, a probe brings shared
 //! enforcement back. Loopback only; bounded.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::limiter_with_breaker;
 use tollgate::redis::RedisStore;
-use tollgate::{
-    BreakerConfig, BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, Policy, Rate,
-};
+use tollgate::{BreakerState, Enforcement, Error, ErrorClass, FailureMode, Policy, Rate};
 use tollgate_testkit::proxy::FaultProxy;
 use tollgate_testkit::server::RedisServer;
 
@@ -33,19 +33,13 @@ async fn latency_beyond_the_deadline_applies_each_failure_mode_in_time() {
             .build()
             .await
             .unwrap();
-        let limiter = Limiter::builder(
+        let limiter = limiter_with_breaker(
             "proxied",
             Policy::token_bucket(10, Rate::per_second(1)).unwrap(),
-        )
-        .store(Arc::new(store))
-        .failure_mode(mode)
-        .timeout(DEADLINE)
-        .breaker(BreakerConfig {
-            failure_threshold: 3,
-            probe_interval: Duration::from_millis(100),
-        })
-        .build()
-        .unwrap();
+            store,
+            mode,
+            DEADLINE,
+        );
         let user = format!("user-{name}");
         assert_eq!(
             limiter.check([&user], 1).await.unwrap().enforcement,

@@ -7,14 +7,16 @@
 //! Run alone to see the figures:
 //! `cargo test -p tollgate --test sentinel_failover -- --nocapture`
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::limiter_with_breaker;
 use tollgate::redis::RedisStore;
 use tollgate::{
-    Acquire, BreakerConfig, Enforcement, Error, ErrorClass, FailureMode, Key, Limiter, Policy,
-    Rate, Store,
+    Acquire, Enforcement, Error, ErrorClass, FailureMode, Key, Limiter, Policy, Rate, Store,
 };
 use tollgate_testkit::sentinel::SentinelCluster;
 
@@ -46,16 +48,7 @@ fn policy() -> Policy {
 }
 
 fn limiter(store: &RedisStore, operation: &str, mode: FailureMode) -> Limiter {
-    Limiter::builder(operation, policy())
-        .store(Arc::new(store.clone()))
-        .failure_mode(mode)
-        .timeout(DEADLINE)
-        .breaker(BreakerConfig {
-            failure_threshold: 3,
-            probe_interval: Duration::from_millis(100),
-        })
-        .build()
-        .unwrap()
+    limiter_with_breaker(operation, policy(), store.clone(), mode, DEADLINE)
 }
 
 /// Runs `tasks` tasks calling `limiter` every few milliseconds until `stop`, logging each call
