@@ -16,6 +16,8 @@ use tollgate_core::algorithm::{self, FixedWindowState, Record, State, TokenBucke
 use tollgate_core::algorithm::{fixed_window, token_bucket};
 use tollgate_core::{Algorithm, Decision, Policy, PolicyError, StoreError};
 
+use crate::hint::Published;
+
 /// Distinct (generation, parameters) pairs a store interns; buckets written under more are
 /// boxed.
 const INTERNED: usize = 64;
@@ -223,6 +225,49 @@ impl Bucket {
         Ok(out.decision)
     }
 
+    /// The bucket as [`Published`] when it is worth publishing: a compact token bucket alive
+    /// at `now_us` that held less than `unit` (the caller's units per token; 0 publishes
+    /// nothing) when last written, so that a call now is likely denied. For any other bucket
+    /// the locked path is as quick. Any alive compact token bucket could be published: this
+    /// only says when it pays.
+    #[inline]
+    pub(crate) fn published(&self, unit: u64, now_us: u64) -> Option<Published> {
+        match self.slot {
+            Slot::TokenBucket(id, state) if state.level < unit && self.is_alive(now_us / 1000) => {
+                Some(Published {
+                    id,
+                    state,
+                    expires_at_ms: self.expires_at_ms,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// What the locked path would decide for `cost` at `now_us` on the bucket `p` stands for,
+    /// when that is a denial that writes nothing (see [`crate::hint`]); `None` otherwise.
+    /// Decides on a copy, by the same code.
+    #[inline]
+    pub(crate) fn deny_on(
+        p: Published,
+        table: &ParamsTable,
+        policy: &Policy,
+        now_us: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        let mut copy = Self {
+            slot: Slot::TokenBucket(p.id, p.state),
+            expires_at_ms: p.expires_at_ms,
+        };
+        if !copy.is_alive(now_us / 1000) {
+            return None;
+        }
+        let d = copy.fast(table, policy, now_us, cost)?;
+        let unchanged = matches!(copy.slot, Slot::TokenBucket(id, s) if id == p.id && s == p.state)
+            && copy.expires_at_ms == p.expires_at_ms;
+        (!d.allowed && unchanged).then_some(d)
+    }
+
     /// [`algorithm::apply`] on the record, and the expiry it sets, for a compact bucket the
     /// caller's policy decides as it is (a commit by a caller of the generation and parameters
     /// that wrote it, or an older one), and for a missing token bucket; `None` elsewhere,
@@ -326,7 +371,7 @@ impl Bucket {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::time::Duration;
     use tollgate_core::Rate;
@@ -431,22 +476,22 @@ mod tests {
     }
 
     /// xorshift64*: a deterministic stream for the differential test below.
-    struct Rng(u64);
+    pub(crate) struct Rng(pub(crate) u64);
 
     impl Rng {
-        fn next(&mut self) -> u64 {
+        pub(crate) fn next(&mut self) -> u64 {
             self.0 ^= self.0 >> 12;
             self.0 ^= self.0 << 25;
             self.0 ^= self.0 >> 27;
             self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
         }
 
-        fn below(&mut self, n: u64) -> u64 {
+        pub(crate) fn below(&mut self, n: u64) -> u64 {
             self.next() % n
         }
     }
 
-    fn random_policy(rng: &mut Rng) -> Policy {
+    pub(crate) fn random_policy(rng: &mut Rng) -> Policy {
         let p = match rng.below(6) {
             0 => Policy::token_bucket(1 + rng.below(10), Rate::per_second(1 + rng.below(5))),
             1 => Policy::token_bucket(

@@ -48,6 +48,7 @@
 //! [`Key`]: tollgate_core::Key
 
 mod bucket;
+mod hint;
 mod store;
 
 pub use store::{

@@ -7,10 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use dashmap::mapref::one::RefMut;
 use tollgate_core::algorithm;
 use tollgate_core::{Acquire, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError};
 
+use tollgate_core::Algorithm;
+
 use crate::bucket::{Bucket, ParamsTable};
+use crate::hint::{HintKey, Hints};
 
 /// Default cap on the number of keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -67,12 +71,57 @@ pub struct LocalStore<C = MonotonicClock> {
     map: DashMap<Key, Bucket, foldhash::fast::RandomState>,
     /// The generations and parameters the map's compact buckets refer to.
     params: ParamsTable,
+    /// Denied token buckets, decided again without the shard's lock ([`crate::hint`]).
+    pub(crate) hints: Hints,
     clock: C,
     max_keys: usize,
     sweep_every: usize,
     /// Counters written by inserts and sweeps, on their own cache lines: a new key on one
     /// thread must not invalidate the line every other thread reads the map and clock from.
     counters: Counters,
+}
+
+/// The units per token of a token-bucket `policy`, 0 for another algorithm: what
+/// [`hint_after`] compares a bucket's level with.
+fn hint_unit(policy: &Policy) -> u64 {
+    match policy.algorithm() {
+        Algorithm::TokenBucket(p) => p.unit,
+        _ => 0,
+    }
+}
+
+/// Under the key's shard lock, after a decision on `bucket`: publishes the state of a token
+/// bucket left with less than one token of `unit` units, or clears any state published for
+/// the key (see [`crate::hint`]).
+#[allow(clippy::inline_always)] // left out of line otherwise, on every call
+#[inline(always)]
+fn hint_after(hints: &Hints, key: HintKey<'_>, bucket: &Bucket, unit: u64, now: u64) {
+    if let Some(p) = bucket.published(unit, now) {
+        hints.publish(key, p);
+    } else {
+        hints.clear(key);
+    }
+}
+
+/// A bucket under its shard's lock, its key's hint cleared, that publishes its state when
+/// dropped if it is worth it ([`Bucket::published`]), before the lock goes.
+struct Locked<'a> {
+    hints: &'a Hints,
+    bucket: RefMut<'a, Key, Bucket>,
+    hint: HintKey<'a>,
+    /// The caller's units per token (0 for another algorithm): see [`Bucket::published`].
+    unit: u64,
+    now: u64,
+}
+
+impl Drop for Locked<'_> {
+    #[allow(clippy::inline_always)] // on every call of a hinted key
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(p) = self.bucket.published(self.unit, self.now) {
+            self.hints.publish(self.hint, p);
+        }
+    }
 }
 
 /// A [`LocalStore`]'s write-shared counters, aligned to 128 bytes (a pair of cache lines, as
@@ -155,6 +204,7 @@ impl<C: Clock> LocalStoreBuilder<C> {
         LocalStore {
             map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             params: ParamsTable::new(),
+            hints: Hints::new(),
             clock: self.clock,
             max_keys: self.max_keys,
             sweep_every: self.sweep_every,
@@ -193,10 +243,42 @@ impl<C: Clock> LocalStore<C> {
         // behind the bucket's (the effective time is `max(now, stored time)`), never crediting
         // time twice, and retry/reset stay exact on the caller's clock.
         let now = self.clock.now_micros();
+        // A key short enough for a hint: only a token bucket's call reads one (`unit` > 0),
+        // but every call that may change a bucket publishes or clears one.
+        let hint = HintKey::new(key.as_str().as_bytes());
+        let unit = hint_unit(policy);
+        if let Some(hint) = hint
+            && unit > 0
+            && let Some(p) = self.hints.read(hint)
+            && let Some(d) = Bucket::deny_on(p, &self.params, policy, now, cost)
+        {
+            return Ok(d);
+        }
         if let Some(mut bucket) = self.map.get_mut(key) {
-            return bucket.apply(&self.params, policy, now, cost);
+            let Some(hint) = hint else {
+                return bucket.apply(&self.params, policy, now, cost);
+            };
+            // Any state published for the key goes before the bucket changes; the new one, if
+            // worth it, is published when `locked` drops: after the decision is in the
+            // caller's hands (no copy of it), before the shard's lock is let go.
+            self.hints.clear(hint);
+            let mut locked = Locked {
+                hints: &self.hints,
+                bucket,
+                hint,
+                unit,
+                now,
+            };
+            return locked.bucket.apply(&self.params, policy, now, cost);
         }
         self.acquire_new(key, policy, cost, now)
+    }
+
+    /// [`hint_after`] for `key` and a call of `policy` (the cold paths).
+    fn hint_after_key(&self, key: &Key, policy: &Policy, bucket: &Bucket, now: u64) {
+        if let Some(hint) = HintKey::new(key.as_str().as_bytes()) {
+            hint_after(&self.hints, hint, bucket, hint_unit(policy), now);
+        }
     }
 
     /// The slow path for a key not in the map: clones the key and reserves a slot under the cap.
@@ -212,7 +294,9 @@ impl<C: Clock> LocalStore<C> {
         loop {
             match self.map.entry(key.clone()) {
                 Entry::Occupied(mut held) => {
-                    return held.get_mut().apply(&self.params, policy, now, cost);
+                    let d = held.get_mut().apply(&self.params, policy, now, cost);
+                    self.hint_after_key(key, policy, held.get(), now);
+                    return d;
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
@@ -223,7 +307,9 @@ impl<C: Clock> LocalStore<C> {
                         return Ok(decision);
                     }
                     if self.reserve_slot() {
-                        drop(vacant.insert(bucket));
+                        let held = vacant.insert(bucket);
+                        self.hint_after_key(key, policy, &held, now);
+                        drop(held);
                         self.after_insert(now);
                         return Ok(decision);
                     }
@@ -263,7 +349,16 @@ impl<C: Clock> LocalStore<C> {
     /// Forgets the bucket of `key`: the next call sees a fresh bucket. Returns whether a bucket
     /// was held (alive or not yet swept). The synchronous form of [`Store::reset`].
     pub fn reset_now(&self, key: &Key) -> bool {
-        let removed = self.map.remove(key).is_some();
+        // cleared under the shard's lock, before the bucket goes
+        let removed = self
+            .map
+            .remove_if(key, |k, _| {
+                if let Some(hint) = HintKey::new(k.as_str().as_bytes()) {
+                    self.hints.clear(hint);
+                }
+                true
+            })
+            .is_some();
         if removed {
             self.counters.keys.fetch_sub(1, Ordering::AcqRel);
         }
