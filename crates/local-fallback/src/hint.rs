@@ -11,12 +11,15 @@
 //! is the answer. Anything else (an admission, a policy change, a cap on credited time, an
 //! expired bucket, a slot of another key or being written) takes the locked path.
 //!
-//! Exactness: a slot holds a key's state only while it is the key's stored state. Every call
-//! that may change a bucket, or remove it, clears the key's slot under the key's shard lock
-//! before the change, and publishes the new state (if worth it) before letting the lock go; a
-//! bucket is swept only once expired, and a copy of an expired bucket decides nothing here. A
-//! denial decided on a copy is the one the locked path would give at that point of the key's
-//! history. Two keys sharing a slot only evict each other.
+//! Exactness: once a call on a key lets its shard lock go, the key's slot holds its stored
+//! state or nothing. Every call that may change a bucket, or remove it, clears the key's slot
+//! under the key's shard lock (before the change on the hot path, after it on the cold ones)
+//! and publishes the new state (if worth it) before letting the lock go; a bucket is swept only
+//! once expired, and a copy of an expired bucket decides nothing here. A denial decided on a
+//! copy read while a change was under way is the one the locked path would have given just
+//! before that change: concurrent calls may be ordered either way, as under the lock, where a
+//! call that read its clock earlier may also decide later. Two keys sharing a slot only evict
+//! each other.
 //!
 //! What it buys and costs (`BENCHMARKS.md`): on one thread a hot denied key skips the shard's
 //! lock and probe; on two threads its denials write no shared line at all (governor's take the
