@@ -244,6 +244,20 @@ impl Bucket {
         }
     }
 
+    /// Whether a call of `cost` may leave the bucket with less than `unit` (see
+    /// [`Bucket::published`]): false for a token bucket holding at least `cost + 1` tokens of
+    /// `unit` as last written (a call takes at most `cost`, and refill only adds), and for any
+    /// other bucket (a new one starts full).
+    #[inline]
+    pub(crate) fn may_run_dry(&self, unit: u64, cost: u64) -> bool {
+        match &self.slot {
+            Slot::TokenBucket(_, s) => unit
+                .checked_mul(cost + 1)
+                .is_none_or(|floor| s.level < floor),
+            _ => false,
+        }
+    }
+
     /// What the locked path would decide for `cost` at `now_us` on the bucket `p` stands for,
     /// when that is a denial that writes nothing (see [`crate::hint`]); `None` otherwise.
     /// Decides on a copy, by the same code.

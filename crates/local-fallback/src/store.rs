@@ -260,8 +260,12 @@ impl<C: Clock> LocalStore<C> {
             };
             // Any state published for the key goes before the bucket changes; the new one, if
             // worth it, is published when `locked` drops: after the decision is in the
-            // caller's hands (no copy of it), before the shard's lock is let go.
+            // caller's hands (no copy of it), before the shard's lock is let go. A bucket that
+            // keeps a token whatever this call does has nothing worth publishing.
             self.hints.clear(hint);
+            if !bucket.may_run_dry(unit, cost) {
+                return bucket.apply(&self.params, policy, now, cost);
+            }
             let mut locked = Locked {
                 hints: &self.hints,
                 bucket,
