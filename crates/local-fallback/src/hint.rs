@@ -191,7 +191,8 @@ impl Hints {
         let (bytes, len) = (key.bytes, key.bytes.len() as u64);
         let seq = s.seq.load(Ordering::Acquire);
         let meta = s.meta.load(Ordering::Relaxed);
-        if seq & 1 == 1 || meta == 0 || meta >> 8 != len || !s.holds(bytes) {
+        // an empty slot's length (0) is no key's
+        if meta >> 8 != len || seq & 1 == 1 || !s.holds(bytes) {
             return None;
         }
         let out = Published {
@@ -231,8 +232,7 @@ impl Hints {
     pub(crate) fn clear(&self, key: HintKey<'_>) {
         let s = self.slot(key);
         let (bytes, len) = (key.bytes, key.bytes.len() as u64);
-        let meta = s.meta.load(Ordering::Relaxed);
-        if meta == 0 || meta >> 8 != len || !s.holds(bytes) {
+        if s.meta.load(Ordering::Relaxed) >> 8 != len || !s.holds(bytes) {
             return;
         }
         let Some(seq) = s.claim() else { return };
