@@ -9,9 +9,9 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use dashmap::mapref::one::RefMut;
 use tollgate_core::algorithm;
-use tollgate_core::{Acquire, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError};
-
-use tollgate_core::Algorithm;
+use tollgate_core::{
+    Acquire, Algorithm, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError,
+};
 
 use crate::bucket::{Bucket, ParamsTable};
 use crate::hint::{HintKey, Hints};
@@ -71,7 +71,8 @@ pub struct LocalStore<C = MonotonicClock> {
     map: DashMap<Key, Bucket, foldhash::fast::RandomState>,
     /// The generations and parameters the map's compact buckets refer to.
     params: ParamsTable,
-    /// Denied token buckets, decided again without the shard's lock ([`crate::hint`]).
+    /// Published states of token buckets that have run dry, denied again without the shard's
+    /// lock ([`crate::hint`]).
     pub(crate) hints: Hints,
     clock: C,
     max_keys: usize,
