@@ -36,6 +36,8 @@ const SLOTS: usize = 256;
 const KEY_WORDS: usize = 11;
 /// The longest key (in bytes) a slot holds; longer keys always take the locked path.
 pub(crate) const MAX_KEY: usize = KEY_WORDS * 8;
+/// A slot holding another key's state is taken over by one publication in this many.
+const EVICT_EVERY: u64 = 8;
 
 /// A published token-bucket state: what the locked path holds for the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,11 +211,19 @@ impl Hints {
     }
 
     /// Publishes `p` as `key`'s stored state. Only under the key's shard lock, and only for
-    /// the state the locked path holds.
+    /// the state the locked path holds. A slot holding another key's state is taken over only
+    /// on one call in [`EVICT_EVERY`] (by the microsecond `now_us`): over many denied keys
+    /// that share the table, each denial would otherwise write a slot that the next denial
+    /// of another key overwrites before anyone reads it, while a hot key still gets its slot
+    /// within a few calls.
     #[cold]
-    pub(crate) fn publish(&self, key: HintKey<'_>, p: Published) {
+    pub(crate) fn publish(&self, key: HintKey<'_>, p: Published, now_us: u64) {
         let s = self.slot(key);
         let (bytes, len) = (key.bytes, key.bytes.len() as u64);
+        let held = s.meta.load(Ordering::Relaxed) >> 8;
+        if held != 0 && (held != len || !s.holds(bytes)) && !now_us.is_multiple_of(EVICT_EVERY) {
+            return;
+        }
         let Some(seq) = s.claim() else { return };
         s.meta
             .store((len << 8) | u64::from(p.id), Ordering::Relaxed);
@@ -273,7 +283,7 @@ mod tests {
         for n in 1..=MAX_KEY {
             let key: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
             let k = HintKey::new(&key).unwrap();
-            hints.publish(k, p);
+            hints.publish(k, p, 0);
             assert_eq!(hints.read(k), Some(p), "{n}");
             let mut other = key.clone();
             *other.last_mut().unwrap() ^= 1;
@@ -313,6 +323,18 @@ mod tests {
             hints.clear(k);
             assert_eq!(hints.read(k), None, "{n}");
         }
+        // another key takes an occupied slot over on one call in EVICT_EVERY only; the same
+        // key's state is always replaced
+        let (a, b) = (HintKey::new(b"k:a").unwrap(), HintKey::new(b"k:b").unwrap());
+        let b = HintKey { slot: a.slot, ..b };
+        let q = Published { id: 4, ..p };
+        hints.publish(a, p, 1);
+        hints.publish(b, q, 1);
+        assert_eq!((hints.read(a), hints.read(b)), (Some(p), None));
+        hints.publish(a, q, 1);
+        assert_eq!(hints.read(a), Some(q));
+        hints.publish(b, q, EVICT_EVERY);
+        assert_eq!((hints.read(a), hints.read(b)), (None, Some(q)));
     }
 
     /// A store whose hot keys are denied from their published state against the core maths on

@@ -98,7 +98,7 @@ fn hint_unit(policy: &Policy) -> u64 {
 #[inline(always)]
 fn hint_after(hints: &Hints, key: HintKey<'_>, bucket: &Bucket, unit: u64, now: u64) {
     if let Some(p) = bucket.published(unit, now) {
-        hints.publish(key, p);
+        hints.publish(key, p, now);
     } else {
         hints.clear(key);
     }
@@ -120,7 +120,7 @@ impl Drop for Locked<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         if let Some(p) = self.bucket.published(self.unit, self.now) {
-            self.hints.publish(self.hint, p);
+            self.hints.publish(self.hint, p, self.now);
         }
     }
 }
