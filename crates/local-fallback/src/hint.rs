@@ -62,9 +62,16 @@ struct Slot {
 }
 
 impl Slot {
-    /// Whether the slot's key words are `key`'s (`meta` already matched its length).
+    /// Whether a slot whose `meta` word is `meta` holds `key`: its length (an empty slot's is
+    /// 0, no key's), then its words.
     #[inline]
-    fn holds(&self, key: &[u8]) -> bool {
+    fn holds(&self, meta: u64, key: &[u8]) -> bool {
+        meta >> 8 == key.len() as u64 && self.holds_words(key)
+    }
+
+    /// Whether the slot's key words are `key`'s (its length already matched).
+    #[inline]
+    fn holds_words(&self, key: &[u8]) -> bool {
         let mut words = self.key.iter();
         let mut chunks = key.chunks_exact(8);
         for (chunk, word) in (&mut chunks).zip(&mut words) {
@@ -190,11 +197,9 @@ impl Hints {
     #[inline]
     pub(crate) fn read(&self, key: HintKey<'_>) -> Option<Published> {
         let s = self.slot(key);
-        let (bytes, len) = (key.bytes, key.bytes.len() as u64);
         let seq = s.seq.load(Ordering::Acquire);
         let meta = s.meta.load(Ordering::Relaxed);
-        // an empty slot's length (0) is no key's
-        if meta >> 8 != len || seq & 1 == 1 || !s.holds(bytes) {
+        if seq & 1 == 1 || !s.holds(meta, key.bytes) {
             return None;
         }
         let out = Published {
@@ -220,8 +225,8 @@ impl Hints {
     pub(crate) fn publish(&self, key: HintKey<'_>, p: Published, now_us: u64) {
         let s = self.slot(key);
         let (bytes, len) = (key.bytes, key.bytes.len() as u64);
-        let held = s.meta.load(Ordering::Relaxed) >> 8;
-        if held != 0 && (held != len || !s.holds(bytes)) && !now_us.is_multiple_of(EVICT_EVERY) {
+        let meta = s.meta.load(Ordering::Relaxed);
+        if meta != 0 && !s.holds(meta, bytes) && !now_us.is_multiple_of(EVICT_EVERY) {
             return;
         }
         let Some(seq) = s.claim() else { return };
@@ -241,8 +246,7 @@ impl Hints {
     #[inline(always)]
     pub(crate) fn clear(&self, key: HintKey<'_>) {
         let s = self.slot(key);
-        let (bytes, len) = (key.bytes, key.bytes.len() as u64);
-        if s.meta.load(Ordering::Relaxed) >> 8 != len || !s.holds(bytes) {
+        if !s.holds(s.meta.load(Ordering::Relaxed), key.bytes) {
             return;
         }
         let Some(seq) = s.claim() else { return };

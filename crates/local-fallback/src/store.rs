@@ -256,25 +256,24 @@ impl<C: Clock> LocalStore<C> {
             return Ok(d);
         }
         if let Some(mut bucket) = self.map.get_mut(key) {
-            let Some(hint) = hint else {
-                return bucket.apply(&self.params, policy, now, cost);
-            };
             // Any state published for the key goes before the bucket changes; the new one, if
             // worth it, is published when `locked` drops: after the decision is in the
             // caller's hands (no copy of it), before the shard's lock is let go. A bucket that
             // keeps a token whatever this call does has nothing worth publishing.
-            self.hints.clear(hint);
-            if !bucket.may_run_dry(unit, cost) {
-                return bucket.apply(&self.params, policy, now, cost);
+            if let Some(hint) = hint {
+                self.hints.clear(hint);
+                if bucket.may_run_dry(unit, cost) {
+                    let mut locked = Locked {
+                        hints: &self.hints,
+                        bucket,
+                        hint,
+                        unit,
+                        now,
+                    };
+                    return locked.bucket.apply(&self.params, policy, now, cost);
+                }
             }
-            let mut locked = Locked {
-                hints: &self.hints,
-                bucket,
-                hint,
-                unit,
-                now,
-            };
-            return locked.bucket.apply(&self.params, policy, now, cost);
+            return bucket.apply(&self.params, policy, now, cost);
         }
         self.acquire_new(key, policy, cost, now)
     }
