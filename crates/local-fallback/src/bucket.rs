@@ -533,6 +533,30 @@ pub(crate) mod tests {
             .with_transition(rules[rng.below(rules.len() as u64) as usize])
     }
 
+    /// The model the local store is held to: [`algorithm::apply`] on a plain record with
+    /// Redis's expiry (`expiry`, the last millisecond it is alive; an expired record counts as
+    /// missing, and stays missing unless the outcome writes or keeps the expiry).
+    pub(crate) fn plain_apply(
+        plain: &mut Option<Record>,
+        expiry: &mut u64,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, PolicyError> {
+        let was_alive = plain.is_some() && now / 1000 <= *expiry;
+        if !was_alive {
+            *plain = None;
+        }
+        algorithm::apply(plain, policy, now, cost, true).map(|out| {
+            match out.ttl_micros {
+                Some(ttl) => *expiry = expires_at_ms(now, ttl),
+                None if !was_alive && !out.keep_expiry => *plain = None,
+                None => {}
+            }
+            out.decision
+        })
+    }
+
     /// The bucket in compact form against the plain `Option<Record>` it replaced (the same
     /// expiry rules over [`algorithm::apply`]): equal decisions, records and expiries, under
     /// mixed policies, generations and rules, a clock that steps back, and a full table.
@@ -590,18 +614,7 @@ pub(crate) mod tests {
                 let cost = 1 + rng.below(policy.limit().min(5));
                 let got = bucket.apply(&table, policy, now, cost);
 
-                let was_alive = plain.is_some() && now / 1000 <= plain_expiry;
-                if !was_alive {
-                    plain = None;
-                }
-                let want = algorithm::apply(&mut plain, policy, now, cost, true).map(|out| {
-                    match out.ttl_micros {
-                        Some(ttl) => plain_expiry = expires_at_ms(now, ttl),
-                        None if !was_alive && !out.keep_expiry => plain = None,
-                        None => {}
-                    }
-                    out.decision
-                });
+                let want = plain_apply(&mut plain, &mut plain_expiry, policy, now, cost);
                 let at = format!("seed {seed} step {step}: cost {cost} at {now} under {policy}");
                 let got = got.map_err(|e| match e {
                     StoreError::InvalidPolicy(e) => e,

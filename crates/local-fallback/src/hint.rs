@@ -261,13 +261,12 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
-    use tollgate_core::algorithm::{self, Record};
-    use tollgate_core::{Key, ManualClock, Policy, PolicyError, Rate, StoreError};
+    use tollgate_core::algorithm::Record;
+    use tollgate_core::{Key, ManualClock, Policy, Rate, StoreError};
 
     use super::*;
     use crate::LocalStore;
-    use crate::bucket::expires_at_ms;
-    use crate::bucket::tests::{Rng, random_policy};
+    use crate::bucket::tests::{Rng, plain_apply, random_policy};
 
     #[test]
     fn a_key_is_held_whole_and_compared_whole() {
@@ -394,19 +393,7 @@ mod tests {
                     other => panic!("{at}: {other}"),
                 });
                 let (plain, expiry) = model.entry(key).or_insert((None, 0));
-                let was_alive = plain.is_some() && now / 1000 <= *expiry;
-                if !was_alive {
-                    *plain = None;
-                }
-                let want: Result<_, PolicyError> = algorithm::apply(plain, policy, now, cost, true)
-                    .map(|out| {
-                        match out.ttl_micros {
-                            Some(ttl) => *expiry = expires_at_ms(now, ttl),
-                            None if !was_alive && !out.keep_expiry => *plain = None,
-                            None => {}
-                        }
-                        out.decision
-                    });
+                let want = plain_apply(plain, expiry, policy, now, cost);
                 assert_eq!(got, want, "{at}");
                 let bytes = key.as_str().as_bytes();
                 if HintKey::new(bytes).is_some_and(|k| store.hints.read(k).is_some()) {
