@@ -143,6 +143,9 @@ pub(crate) struct Bare {
     prefix: String,
     suffix: &'static str,
     pub(crate) args: Vec<Vec<u8>>,
+    /// For tollgate's script, the policy's limit: its reply is a decision
+    /// ([`scripts::reply`]); `None` for a script from a file, whose reply means nothing here.
+    pub(crate) decides: Option<u64>,
 }
 
 impl Bare {
@@ -165,6 +168,7 @@ impl Bare {
             prefix: prefix.to_owned(),
             suffix: script.key_suffix(),
             args: vec![scripts::args(policy, cost, true).as_bytes().to_vec()],
+            decides: Some(policy.limit()),
         })
     }
 
@@ -193,6 +197,7 @@ impl Bare {
             prefix: prefix.to_owned(),
             suffix: "tb",
             args,
+            decides: None,
         })
     }
 

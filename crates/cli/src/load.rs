@@ -131,12 +131,11 @@ enum Probe {
     Check(Limiter),
     /// A bare PING on the instance's connection.
     Ping(redis::aio::MultiplexedConnection),
-    /// A script by a bare EVALSHA: the policy's (its reply read as a decision, completed by
-    /// the policy's limit: `decides`) or one from a file (`None`: its reply ignored).
+    /// A script by a bare EVALSHA: the policy's (its reply read as a decision) or one from a
+    /// file (its reply ignored): see [`Bare::decides`].
     Script {
         conn: redis::aio::MultiplexedConnection,
         bare: Arc<Bare>,
-        decides: Option<u64>,
     },
 }
 
@@ -186,11 +185,7 @@ impl Probe {
                 tally.allowed = 1;
                 tally.shared = 1;
             }
-            Self::Script {
-                conn,
-                bare,
-                decides,
-            } => {
+            Self::Script { conn, bare } => {
                 let reply: redis::Value = redis::cmd("EVALSHA")
                     .arg(bare.sha())
                     .arg(1)
@@ -199,10 +194,10 @@ impl Probe {
                     .query_async(conn)
                     .await
                     .map_err(|e| Failure::Other(e.to_string()))?;
-                let allowed = match decides {
+                let allowed = match bare.decides {
                     None => true,
                     Some(limit) => {
-                        tollgate::redis::scripts::reply(&reply, *limit)
+                        tollgate::redis::scripts::reply(&reply, limit)
                             .ok_or_else(|| Failure::Other(format!("unexpected reply {reply:?}")))?
                             [0]
                             == 1
@@ -431,20 +426,16 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                 let prefix = &args.store.prefix;
                 if args.ping {
                     Probe::Ping(conn)
-                } else if let Some(path) = &args.eval_file {
-                    let bare =
-                        Bare::from_file(url, prefix, path, "--eval-file", Vec::new()).await?;
-                    Probe::Script {
-                        conn,
-                        bare: Arc::new(bare),
-                        decides: None,
-                    }
                 } else {
-                    let bare = Bare::for_policy(url, prefix, &args.policy, args.cost).await?;
+                    let bare = match &args.eval_file {
+                        Some(path) => {
+                            Bare::from_file(url, prefix, path, "--eval-file", Vec::new()).await?
+                        }
+                        None => Bare::for_policy(url, prefix, &args.policy, args.cost).await?,
+                    };
                     Probe::Script {
                         conn,
                         bare: Arc::new(bare),
-                        decides: Some(args.policy.limit()),
                     }
                 }
             } else {
