@@ -16,7 +16,7 @@ use tollgate_core::algorithm::{self, FixedWindowState, Record, State, TokenBucke
 use tollgate_core::algorithm::{fixed_window, token_bucket};
 use tollgate_core::{Algorithm, Decision, Policy, PolicyError, StoreError};
 
-use crate::hint::Published;
+use crate::lent::{HOT_US, Held};
 
 /// Distinct (generation, parameters) pairs a store interns; buckets written under more are
 /// boxed.
@@ -98,6 +98,8 @@ enum Slot {
     FixedWindow(u8, FixedWindowState),
     /// Any other record (always `Some`; boxed as an `Option` so the core decides on it in place).
     Boxed(Box<Option<Record>>),
+    /// A compact token bucket lent to the store's slot table ([`crate::lent`]), which holds it.
+    Lent,
 }
 
 impl Slot {
@@ -129,6 +131,10 @@ impl Slot {
     fn record(&self, table: &ParamsTable) -> Option<Record> {
         let (id, state) = match self {
             Self::Missing => return None,
+            Self::Lent => {
+                debug_assert!(false, "a lent bucket is taken back before it is read");
+                return None;
+            }
             Self::Boxed(r) => return (**r).clone(),
             Self::TokenBucket(id, s) => (*id, State::TokenBucket(*s)),
             Self::FixedWindow(id, s) => (*id, State::FixedWindow(*s)),
@@ -207,6 +213,7 @@ impl Bucket {
         now_us: u64,
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        debug_assert!(!self.is_lent(), "a lent bucket is taken back before a call");
         let was_alive = self.is_alive(now_us / 1000);
         if !was_alive {
             // Like Redis's lazy expiry: once seen expired, a bucket never comes back, even if
@@ -225,16 +232,33 @@ impl Bucket {
         Ok(out.decision)
     }
 
-    /// The bucket as [`Published`] when it is worth publishing: a compact token bucket alive
-    /// at `now_us` that held less than `unit` (the caller's units per token; 0 publishes
-    /// nothing) when last written, so that a call now is likely denied. For any other bucket
-    /// the locked path is as quick. Any alive compact token bucket could be published: this
-    /// only says when it pays.
+    /// Whether the bucket is lent to the store's slot table ([`crate::lent`]): its state is
+    /// there, and must be taken back ([`Bucket::restore`]) before the bucket is read or changed.
     #[inline]
-    pub(crate) fn published(&self, unit: u64, now_us: u64) -> Option<Published> {
+    pub(crate) const fn is_lent(&self) -> bool {
+        matches!(self.slot, Slot::Lent)
+    }
+
+    /// Whether a compact token bucket was written less than [`HOT_US`] before `now_us` (or
+    /// after it: a clock behind the bucket's): taken before a call, it tells whether that call
+    /// finds the bucket hot.
+    #[inline]
+    pub(crate) fn is_hot(&self, now_us: u64) -> bool {
+        matches!(self.slot, Slot::TokenBucket(_, s) if now_us < s.updated.saturating_add(HOT_US))
+    }
+
+    /// The bucket as [`Held`] when it is worth lending: a compact token bucket alive at
+    /// `now_us` that `hot` says is called often, or that holds less than `unit` (the caller's
+    /// units per token; 0 lends nothing) so that a call now is likely denied. For any other
+    /// bucket the locked path is as quick, and a slot taken by a bucket seldom called would
+    /// only keep it from a hot one.
+    #[inline]
+    pub(crate) fn lendable(&self, unit: u64, now_us: u64, hot: bool) -> Option<Held> {
         match self.slot {
-            Slot::TokenBucket(id, state) if state.level < unit && self.is_alive(now_us / 1000) => {
-                Some(Published {
+            Slot::TokenBucket(id, state)
+                if unit > 0 && (hot || state.level < unit) && self.is_alive(now_us / 1000) =>
+            {
+                Some(Held {
                     id,
                     state,
                     expires_at_ms: self.expires_at_ms,
@@ -244,31 +268,41 @@ impl Bucket {
         }
     }
 
-    /// Whether a call of `cost` may leave the bucket with less than `unit` (see
-    /// [`Bucket::published`]): false for a token bucket holding at least `cost + 1` tokens of
-    /// `unit` as last written (a call takes at most `cost`, and refill only adds), and for any
-    /// other bucket (a new one starts full).
-    #[inline]
-    pub(crate) fn may_run_dry(&self, unit: u64, cost: u64) -> bool {
-        match &self.slot {
-            Slot::TokenBucket(_, s) => unit
-                .checked_mul(cost + 1)
-                .is_none_or(|floor| s.level < floor),
-            _ => false,
+    /// Marks the bucket lent (its state now held by its slot).
+    pub(crate) fn mark_lent(&mut self) {
+        self.slot = Slot::Lent;
+    }
+
+    /// A bucket standing for what a slot holds for its key: `p`, or missing when the slot held
+    /// another key (the state expired there and was dropped).
+    pub(crate) fn of_held(p: Option<Held>) -> Self {
+        match p {
+            Some(p) => Self {
+                slot: Slot::TokenBucket(p.id, p.state),
+                expires_at_ms: p.expires_at_ms,
+            },
+            None => Self::missing(),
         }
     }
 
+    /// Takes a lent bucket's state back from its slot (see [`Bucket::of_held`]).
+    pub(crate) fn restore(&mut self, p: Option<Held>) {
+        debug_assert!(self.is_lent());
+        *self = Self::of_held(p);
+    }
+
     /// What the locked path would decide for `cost` at `now_us` on the bucket `p` stands for,
-    /// when that is a denial that writes nothing (see [`crate::hint`]); `None` otherwise.
-    /// Decides on a copy, by the same code.
+    /// and the state it would then hold if that changed (`None` when the decision writes
+    /// nothing); `None` for a bucket the locked path must decide on (expired, or not decided
+    /// as it is: see [`Bucket::fast`]). Decides on a copy, by the same code.
     #[inline]
-    pub(crate) fn deny_on(
-        p: Published,
+    pub(crate) fn decide_on(
+        p: Held,
         table: &ParamsTable,
         policy: &Policy,
         now_us: u64,
         cost: u64,
-    ) -> Option<Decision> {
+    ) -> Option<(Decision, Option<Held>)> {
         let mut copy = Self {
             slot: Slot::TokenBucket(p.id, p.state),
             expires_at_ms: p.expires_at_ms,
@@ -277,9 +311,15 @@ impl Bucket {
             return None;
         }
         let d = copy.fast(table, policy, now_us, cost)?;
-        let unchanged = matches!(copy.slot, Slot::TokenBucket(id, s) if id == p.id && s == p.state)
-            && copy.expires_at_ms == p.expires_at_ms;
-        (!d.allowed && unchanged).then_some(d)
+        let Slot::TokenBucket(id, state) = copy.slot else {
+            return None;
+        };
+        let after = Held {
+            id,
+            state,
+            expires_at_ms: copy.expires_at_ms,
+        };
+        Some((d, (after != p).then_some(after)))
     }
 
     /// [`algorithm::apply`] on the record, and the expiry it sets, for a compact bucket the

@@ -48,7 +48,7 @@
 //! [`Key`]: tollgate_core::Key
 
 mod bucket;
-mod hint;
+mod lent;
 mod store;
 
 pub use store::{

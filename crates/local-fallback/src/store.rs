@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use dashmap::mapref::one::RefMut;
 use tollgate_core::algorithm;
 use tollgate_core::{
     Acquire, Algorithm, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError,
 };
 
 use crate::bucket::{Bucket, ParamsTable};
-use crate::hint::{HintKey, Hints};
+use crate::lent::{LentTable, SlotKey};
 
 /// Default cap on the number of keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -39,7 +38,11 @@ pub const SWEEP_GAP_MS: u64 = 100;
 ///
 /// Each decision runs [`tollgate_core::algorithm::apply`] while holding the lock of the map
 /// shard that holds the key, so concurrent calls on one key are serialised and can never spend
-/// the same allowance twice. Expiry follows Redis to the millisecond: a state written with a
+/// the same allowance twice. A hot token bucket (called again within 100 µs, or run dry) is
+/// lent to a small table of slots and decided there by the same maths without the shard's
+/// lock: a denial writes nothing, an admission claims the slot with one compare-exchange that
+/// fails if the bucket changed since it was read, so calls on it are serialised all the same.
+/// Expiry follows Redis to the millisecond: a state written with a
 /// TTL of `ttl` µs at `now` µs lives while `now_ms <= now / 1000 + ceil(ttl / 1000)`.
 ///
 /// Memory is bounded: expired buckets are swept every [`DEFAULT_SWEEP_EVERY`] new keys (or
@@ -71,9 +74,9 @@ pub struct LocalStore<C = MonotonicClock> {
     map: DashMap<Key, Bucket, foldhash::fast::RandomState>,
     /// The generations and parameters the map's compact buckets refer to.
     params: ParamsTable,
-    /// Published states of token buckets that have run dry, denied again without the shard's
-    /// lock ([`crate::hint`]).
-    pub(crate) hints: Hints,
+    /// Hot token buckets lent out of the map, decided without the shard's lock
+    /// ([`crate::lent`]).
+    pub(crate) lent: LentTable,
     clock: C,
     max_keys: usize,
     sweep_every: usize,
@@ -83,45 +86,11 @@ pub struct LocalStore<C = MonotonicClock> {
 }
 
 /// The units per token of a token-bucket `policy`, 0 for another algorithm: what
-/// [`hint_after`] compares a bucket's level with.
-fn hint_unit(policy: &Policy) -> u64 {
+/// [`Bucket::lendable`] compares a bucket's level with (and 0 lends nothing).
+fn token_unit(policy: &Policy) -> u64 {
     match policy.algorithm() {
         Algorithm::TokenBucket(p) => p.unit,
         _ => 0,
-    }
-}
-
-/// Under the key's shard lock, after a decision on `bucket`: publishes the state of a token
-/// bucket left with less than one token of `unit` units, or clears any state published for
-/// the key (see [`crate::hint`]).
-#[allow(clippy::inline_always)] // left out of line otherwise, on every call
-#[inline(always)]
-fn hint_after(hints: &Hints, key: HintKey<'_>, bucket: &Bucket, unit: u64, now: u64) {
-    if let Some(p) = bucket.published(unit, now) {
-        hints.publish(key, p, now);
-    } else {
-        hints.clear(key);
-    }
-}
-
-/// A bucket under its shard's lock, its key's hint cleared, that publishes its state when
-/// dropped if it is worth it ([`Bucket::published`]), before the lock goes.
-struct Locked<'a> {
-    hints: &'a Hints,
-    bucket: RefMut<'a, Key, Bucket>,
-    hint: HintKey<'a>,
-    /// The caller's units per token (0 for another algorithm): see [`Bucket::published`].
-    unit: u64,
-    now: u64,
-}
-
-impl Drop for Locked<'_> {
-    #[allow(clippy::inline_always)] // on every call of a hinted key
-    #[inline(always)]
-    fn drop(&mut self) {
-        if let Some(p) = self.bucket.published(self.unit, self.now) {
-            self.hints.publish(self.hint, p, self.now);
-        }
     }
 }
 
@@ -205,7 +174,7 @@ impl<C: Clock> LocalStoreBuilder<C> {
         LocalStore {
             map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             params: ParamsTable::new(),
-            hints: Hints::new(),
+            lent: LentTable::new(),
             clock: self.clock,
             max_keys: self.max_keys,
             sweep_every: self.sweep_every,
@@ -244,44 +213,61 @@ impl<C: Clock> LocalStore<C> {
         // behind the bucket's (the effective time is `max(now, stored time)`), never crediting
         // time twice, and retry/reset stay exact on the caller's clock.
         let now = self.clock.now_micros();
-        // A key short enough for a hint: only a token bucket's call reads one (`unit` > 0),
-        // but every call that may change a bucket publishes or clears one.
-        let hint = HintKey::new(key.as_str().as_bytes());
-        let unit = hint_unit(policy);
-        if let Some(hint) = hint
+        // A key short enough for the slot table: a token bucket's call first tries its slot
+        // (`unit` > 0); any call may find its bucket lent there, or lend it.
+        let slot_key = SlotKey::new(key.as_str().as_bytes());
+        let unit = token_unit(policy);
+        if let Some(slot_key) = slot_key
             && unit > 0
-            && let Some(p) = self.hints.read(hint)
-            && let Some(d) = Bucket::deny_on(p, &self.params, policy, now, cost)
+            && let Some(d) = self.lent.decide(slot_key, |p| {
+                Bucket::decide_on(p, &self.params, policy, now, cost)
+            })
         {
             return Ok(d);
         }
         if let Some(mut bucket) = self.map.get_mut(key) {
-            // Any state published for the key goes before the bucket changes; the new one, if
-            // worth it, is published when `locked` drops: after the decision is in the
-            // caller's hands (no copy of it), before the shard's lock is let go. A bucket that
-            // keeps a token whatever this call does has nothing worth publishing.
-            if let Some(hint) = hint {
-                self.hints.clear(hint);
-                if bucket.may_run_dry(unit, cost) {
-                    let mut locked = Locked {
-                        hints: &self.hints,
-                        bucket,
-                        hint,
-                        unit,
-                        now,
-                    };
-                    return locked.bucket.apply(&self.params, policy, now, cost);
+            return match slot_key {
+                Some(slot_key) => {
+                    self.apply_lending(&mut bucket, slot_key, unit, policy, now, cost)
                 }
-            }
-            return bucket.apply(&self.params, policy, now, cost);
+                None => bucket.apply(&self.params, policy, now, cost),
+            };
         }
         self.acquire_new(key, policy, cost, now)
     }
 
-    /// [`hint_after`] for `key` and a call of `policy` (the cold paths).
-    fn hint_after_key(&self, key: &Key, policy: &Policy, bucket: &Bucket, now: u64) {
-        if let Some(hint) = HintKey::new(key.as_str().as_bytes()) {
-            hint_after(&self.hints, hint, bucket, hint_unit(policy), now);
+    /// [`Bucket::apply`] under the shard's lock on the bucket of a key that has a slot:
+    /// takes a lent bucket back first, and lends it after the call if it is worth it
+    /// ([`Bucket::lendable`]).
+    #[inline]
+    fn apply_lending(
+        &self,
+        bucket: &mut Bucket,
+        slot_key: SlotKey<'_>,
+        unit: u64,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        if bucket.is_lent() {
+            bucket.restore(self.lent.take_back(slot_key));
+        }
+        let hot = bucket.is_hot(now);
+        let decision = bucket.apply(&self.params, policy, now, cost);
+        if let Some(p) = bucket.lendable(unit, now, hot)
+            && self.lent.lend(slot_key, &p, now / 1000)
+        {
+            bucket.mark_lent();
+        }
+        decision
+    }
+
+    /// Takes `bucket` back from its slot if it is lent there (under the shard's lock).
+    fn settle(&self, key: &Key, bucket: &mut Bucket) {
+        if bucket.is_lent()
+            && let Some(slot_key) = SlotKey::new(key.as_str().as_bytes())
+        {
+            bucket.restore(self.lent.take_back(slot_key));
         }
     }
 
@@ -294,13 +280,19 @@ impl<C: Clock> LocalStore<C> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, StoreError> {
+        let slot_key = SlotKey::new(key.as_str().as_bytes());
+        let unit = token_unit(policy);
         let mut swept = false;
         loop {
             match self.map.entry(key.clone()) {
                 Entry::Occupied(mut held) => {
-                    let d = held.get_mut().apply(&self.params, policy, now, cost);
-                    self.hint_after_key(key, policy, held.get(), now);
-                    return d;
+                    let bucket = held.get_mut();
+                    return match slot_key {
+                        Some(slot_key) => {
+                            self.apply_lending(bucket, slot_key, unit, policy, now, cost)
+                        }
+                        None => bucket.apply(&self.params, policy, now, cost),
+                    };
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
@@ -311,9 +303,13 @@ impl<C: Clock> LocalStore<C> {
                         return Ok(decision);
                     }
                     if self.reserve_slot() {
-                        let held = vacant.insert(bucket);
-                        self.hint_after_key(key, policy, &held, now);
-                        drop(held);
+                        if let Some(slot_key) = slot_key
+                            && let Some(p) = bucket.lendable(unit, now, false)
+                            && self.lent.lend(slot_key, &p, now / 1000)
+                        {
+                            bucket.mark_lent();
+                        }
+                        drop(vacant.insert(bucket));
                         self.after_insert(now);
                         return Ok(decision);
                     }
@@ -334,8 +330,17 @@ impl<C: Clock> LocalStore<C> {
         policy.check_cost(cost)?;
         let now = match self.map.get(key) {
             None => self.clock.now_micros(),
-            Some(bucket) => {
+            Some(held) => {
                 let now = self.clock.now_micros();
+                // A lent bucket is read from its slot (consistently, without taking it back).
+                let copy;
+                let bucket = if held.is_lent() {
+                    let slot_key = SlotKey::new(key.as_str().as_bytes());
+                    copy = Bucket::of_held(slot_key.and_then(|k| self.lent.read(k)));
+                    &copy
+                } else {
+                    &*held
+                };
                 if bucket.is_alive(now / 1000) {
                     let mut state = bucket.record(&self.params);
                     return Ok(algorithm::apply(&mut state, policy, now, cost, false)?.decision);
@@ -353,13 +358,11 @@ impl<C: Clock> LocalStore<C> {
     /// Forgets the bucket of `key`: the next call sees a fresh bucket. Returns whether a bucket
     /// was held (alive or not yet swept). The synchronous form of [`Store::reset`].
     pub fn reset_now(&self, key: &Key) -> bool {
-        // cleared under the shard's lock, before the bucket goes
+        // a lent bucket is taken back (its slot emptied) before it goes
         let removed = self
             .map
-            .remove_if(key, |k, _| {
-                if let Some(hint) = HintKey::new(k.as_str().as_bytes()) {
-                    self.hints.clear(hint);
-                }
+            .remove_if_mut(key, |k, b| {
+                self.settle(k, b);
                 true
             })
             .is_some();
@@ -421,7 +424,10 @@ impl<C: Clock> LocalStore<C> {
     fn remove_if_expired(&self, key: &Key, now_us: u64) {
         if self
             .map
-            .remove_if(key, |_, b| !b.is_alive(now_us / 1000))
+            .remove_if_mut(key, |k, b| {
+                self.settle(k, b);
+                !b.is_alive(now_us / 1000)
+            })
             .is_some()
         {
             self.counters.keys.fetch_sub(1, Ordering::AcqRel);
@@ -458,7 +464,8 @@ impl<C: Clock> LocalStore<C> {
             return None;
         }
         let mut removed = 0;
-        self.map.retain(|_, b| {
+        self.map.retain(|k, b| {
+            self.settle(k, b);
             let alive = b.is_alive(now_ms);
             removed += usize::from(!alive);
             alive

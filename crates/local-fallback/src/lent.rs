@@ -1,0 +1,666 @@
+//! Hot token buckets lent to a small table of slots, decided there without the shard's lock.
+//!
+//! A call on a key under the shard's lock that finds its token bucket hot (written within
+//! [`HOT_US`] before) or run dry (less than one token left) lends the bucket to the key's slot
+//! in this table: the slot then holds the key's state and the map's entry only says where it
+//! is. Slots are indexed by a cheap mix of the key's bytes and each holds the whole key (up to
+//! [`MAX_KEY`] bytes, compared exactly, never by hash alone), the interned parameters' index,
+//! the state and the expiry, under a sequence word (a seqlock whose writers claim it with one
+//! compare-exchange).
+//!
+//! A later call on the key reads its slot with no lock and decides on that copy with the same
+//! code as under the lock (`Bucket::decide_on`). A denial that writes nothing is the answer
+//! as read (no write at all); a decision that writes (an admission) claims the slot with one
+//! compare-exchange from the sequence it read — which fails if anything changed since — and
+//! stores the new state: one atomic read-modify-write per admission, against two for the
+//! shard's lock (and no hash, no probe). Anything the copy cannot decide (a policy change, an
+//! expired bucket, a slot of another key, a claim lost too often) takes the locked path.
+//!
+//! Exactness: the slot owns a lent bucket's state, and every change to it is made by its
+//! claimer alone. The locked path takes a lent bucket back (claims the slot, copies the state
+//! into the map's entry, empties the slot) before anything else reads or changes it: the
+//! decisions under the shard's lock, a peek, a reset, a sweep. Lending and taking back happen
+//! under the key's shard lock and the slot's claim, in that order only (a slot's claim is never
+//! held while waiting for anything). Another key may take a slot over only when the state in it
+//! has expired: the owner's entry then finds its slot holding something else and counts as
+//! missing, which is what an expired bucket is.
+//!
+//! What it buys and costs (`BENCHMARKS.md`): on one thread a hot key skips the hash, the
+//! shard's lock and the probe; on two threads a hot key's denials write no shared line at all
+//! and its admissions one (governor takes the shard's read lock and swaps the state: three
+//! atomic read-modify-writes per call). A slot stays with its key while the state in it lives,
+//! so two hot keys that share a slot do not evict each other: the second one takes the locked
+//! path. Every other call on a key of at most [`MAX_KEY`] bytes pays a slot read before the
+//! lock.
+
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use tollgate_core::algorithm::TokenBucketState;
+
+/// Slots in a store's table (a power of two).
+const SLOTS: usize = 256;
+/// 8-byte words of key a slot holds.
+const KEY_WORDS: usize = 11;
+/// The longest key (in bytes) a slot holds; longer keys always take the locked path.
+pub(crate) const MAX_KEY: usize = KEY_WORDS * 8;
+/// A bucket written within this many microseconds before a call under the shard's lock is
+/// hot: that call lends it to its slot.
+pub(crate) const HOT_US: u64 = 100;
+/// Attempts of a decision on a slot before the call takes the locked path: a claim lost to
+/// another call, or a slot seen being written, costs one.
+const ATTEMPTS: usize = 16;
+
+/// A token-bucket state held in a slot: the state the locked path would hold for the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// The interned parameters' index.
+    pub(crate) id: u8,
+    pub(crate) state: TokenBucketState,
+    pub(crate) expires_at_ms: u64,
+}
+
+/// One slot, on lines of its own: an even `seq` when stable, odd while claimed.
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot {
+    seq: AtomicU64,
+    /// 0 when empty; else the key's length << 8 | the parameters' index.
+    meta: AtomicU64,
+    level: AtomicU64,
+    updated: AtomicU64,
+    expires_at_ms: AtomicU64,
+    key: [AtomicU64; KEY_WORDS],
+}
+
+impl Slot {
+    /// Whether a slot whose `meta` word is `meta` holds `key`: its length (an empty slot's is
+    /// 0, no key's), then its words.
+    #[inline]
+    fn holds(&self, meta: u64, key: &[u8]) -> bool {
+        meta >> 8 == key.len() as u64 && self.holds_words(key)
+    }
+
+    /// Whether the slot's key words are `key`'s (its length already matched).
+    #[inline]
+    fn holds_words(&self, key: &[u8]) -> bool {
+        let mut words = self.key.iter();
+        let mut chunks = key.chunks_exact(8);
+        for (chunk, word) in (&mut chunks).zip(&mut words) {
+            if word.load(Ordering::Relaxed) != full_word(chunk) {
+                return false;
+            }
+        }
+        let rem = chunks.remainder();
+        rem.is_empty()
+            || words
+                .next()
+                .is_some_and(|w| w.load(Ordering::Relaxed) == tail_word(rem))
+    }
+
+    /// Writes `key`'s words (the slot claimed).
+    fn store_key(&self, key: &[u8]) {
+        let mut words = self.key.iter();
+        let mut chunks = key.chunks_exact(8);
+        for (chunk, word) in (&mut chunks).zip(&mut words) {
+            word.store(full_word(chunk), Ordering::Relaxed);
+        }
+        let rem = chunks.remainder();
+        if let (false, Some(word)) = (rem.is_empty(), words.next()) {
+            word.store(tail_word(rem), Ordering::Relaxed);
+        }
+    }
+
+    /// The state held, as last written (the caller validates the read by the sequence).
+    #[inline]
+    fn state(&self, meta: u64) -> Held {
+        Held {
+            #[allow(clippy::cast_possible_truncation)]
+            id: meta as u8,
+            state: TokenBucketState {
+                level: self.level.load(Ordering::Relaxed),
+                updated: self.updated.load(Ordering::Relaxed),
+            },
+            expires_at_ms: self.expires_at_ms.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stores `p`'s state (the slot claimed).
+    #[inline]
+    fn store_state(&self, p: &Held) {
+        self.level.store(p.state.level, Ordering::Relaxed);
+        self.updated.store(p.state.updated, Ordering::Relaxed);
+        self.expires_at_ms.store(p.expires_at_ms, Ordering::Relaxed);
+    }
+
+    /// Claims the slot from the even sequence `seq` read before: fails if anything was
+    /// written since. A successful claim also orders every read made before it (the state
+    /// the caller decided on) before the next claimer's writes.
+    #[inline]
+    fn claim_from(&self, seq: u64) -> bool {
+        let won = self
+            .seq
+            .compare_exchange(seq, seq + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if won {
+            // The data stores below stay after the claim (the crossbeam seqlock's writer order).
+            fence(Ordering::Release);
+        }
+        won
+    }
+
+    /// Claims the slot, waiting while another call holds it (a claim is held for a few
+    /// stores, never while waiting for anything); returns the sequence to release.
+    fn claim(&self) -> u64 {
+        let mut spins = 0u32;
+        loop {
+            let seq = self.seq.load(Ordering::Relaxed);
+            if seq & 1 == 0 && self.claim_from(seq) {
+                return seq;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // the holder may have been preempted
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    #[inline]
+    fn release(&self, seq: u64) {
+        self.seq.store(seq + 2, Ordering::Release);
+    }
+}
+
+/// Eight bytes as one word.
+#[inline]
+fn full_word(chunk: &[u8]) -> u64 {
+    u64::from_le_bytes(chunk.try_into().expect("8 bytes"))
+}
+
+/// The bytes of `rem` (fewer than 8) as one word, zero-padded.
+#[inline]
+fn tail_word(rem: &[u8]) -> u64 {
+    let (mut w, mut at) = (0, 0);
+    if rem.len() & 4 != 0 {
+        w = u64::from(u32::from_le_bytes(rem[..4].try_into().expect("4 bytes")));
+        at = 4;
+    }
+    if rem.len() & 2 != 0 {
+        let two = u16::from_le_bytes(rem[at..at + 2].try_into().expect("2 bytes"));
+        w |= u64::from(two) << (8 * at);
+        at += 2;
+    }
+    if rem.len() & 1 != 0 {
+        w |= u64::from(rem[at]) << (8 * at);
+    }
+    w
+}
+
+/// A key as the table sees it: its bytes and its slot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlotKey<'a> {
+    bytes: &'a [u8],
+    slot: usize,
+}
+
+impl<'a> SlotKey<'a> {
+    /// `key`'s bytes and slot, or `None` for an empty key or one longer than [`MAX_KEY`]. The
+    /// slot comes from the length and the last and middle bytes: a few instructions, where
+    /// the map's hash takes dozens; keys that share a slot only evict each other's states (a
+    /// slot compares the whole key).
+    #[inline]
+    pub(crate) fn new(key: &'a [u8]) -> Option<Self> {
+        let n = key.len();
+        if n > MAX_KEY || n == 0 {
+            return None;
+        }
+        let mix = usize::from(key[n - 1]) ^ usize::from(key[n / 2]) << 3 ^ n << 5;
+        Some(Self {
+            bytes: key,
+            slot: mix & (SLOTS - 1),
+        })
+    }
+}
+
+/// A store's table of lent buckets.
+pub(crate) struct LentTable {
+    slots: Box<[Slot; SLOTS]>,
+}
+
+impl std::fmt::Debug for LentTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentTable").field("slots", &SLOTS).finish()
+    }
+}
+
+impl LentTable {
+    pub(crate) fn new() -> Self {
+        Self {
+            slots: Box::new(std::array::from_fn(|_| Slot::default())),
+        }
+    }
+
+    fn slot(&self, key: SlotKey<'_>) -> &Slot {
+        &self.slots[key.slot]
+    }
+
+    /// The state `key`'s slot holds for it, read consistently (waiting out a claim); `None`
+    /// when the slot holds another key or nothing.
+    pub(crate) fn read(&self, key: SlotKey<'_>) -> Option<Held> {
+        let s = self.slot(key);
+        loop {
+            let seq = s.seq.load(Ordering::Acquire);
+            if seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let meta = s.meta.load(Ordering::Relaxed);
+            let out = s.holds(meta, key.bytes).then(|| s.state(meta));
+            fence(Ordering::Acquire);
+            if s.seq.load(Ordering::Relaxed) == seq {
+                return out;
+            }
+        }
+    }
+
+    /// A decision on the state `key`'s slot holds, without the shard's lock. `decide` maps
+    /// the state read to the decision and, if that decision writes, the state to store; it
+    /// returns `None` for a state the locked path must decide on. A decision that writes
+    /// nothing is returned once the read is validated; one that writes is returned once the
+    /// slot was claimed from the sequence read (nothing changed since) and the new state stored.
+    /// `None` when the slot does not hold `key`, `decide` declines, or the slot kept changing
+    /// under the call ([`ATTEMPTS`]).
+    #[inline]
+    pub(crate) fn decide<D>(
+        &self,
+        key: SlotKey<'_>,
+        decide: impl Fn(Held) -> Option<(D, Option<Held>)>,
+    ) -> Option<D> {
+        let s = self.slot(key);
+        for _ in 0..ATTEMPTS {
+            let seq = s.seq.load(Ordering::Acquire);
+            let meta = s.meta.load(Ordering::Relaxed);
+            if seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !s.holds(meta, key.bytes) {
+                return None;
+            }
+            let (d, write) = decide(s.state(meta))?;
+            match write {
+                None => {
+                    fence(Ordering::Acquire);
+                    if s.seq.load(Ordering::Relaxed) == seq {
+                        return Some(d);
+                    }
+                }
+                Some(p) => {
+                    if s.claim_from(seq) {
+                        s.store_state(&p);
+                        s.release(seq);
+                        return Some(d);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Lends `p`, `key`'s state, to its slot: only under the key's shard lock, for a bucket
+    /// not already lent, and only if the slot is empty or holds a state expired at `now_ms`
+    /// (a live one stays with its key). Returns whether the slot took it; the caller's entry
+    /// then stands for the slot.
+    #[cold]
+    pub(crate) fn lend(&self, key: SlotKey<'_>, p: &Held, now_ms: u64) -> bool {
+        let s = self.slot(key);
+        let seq = s.seq.load(Ordering::Acquire);
+        if seq & 1 == 1 {
+            return false;
+        }
+        if s.meta.load(Ordering::Relaxed) != 0 && now_ms <= s.expires_at_ms.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        // The claim fails if anything changed since the reads above.
+        if !s.claim_from(seq) {
+            return false;
+        }
+        let len = key.bytes.len() as u64;
+        s.meta
+            .store((len << 8) | u64::from(p.id), Ordering::Relaxed);
+        s.store_key(key.bytes);
+        s.store_state(p);
+        s.release(seq);
+        true
+    }
+
+    /// Takes `key`'s lent state back, emptying its slot: only under the key's shard lock.
+    /// `None` when the slot holds something else: the state expired there and another key
+    /// took the slot over.
+    #[cold]
+    pub(crate) fn take_back(&self, key: SlotKey<'_>) -> Option<Held> {
+        let s = self.slot(key);
+        let seq = s.claim();
+        let meta = s.meta.load(Ordering::Relaxed);
+        let out = s.holds(meta, key.bytes).then(|| {
+            s.meta.store(0, Ordering::Relaxed);
+            s.state(meta)
+        });
+        s.release(seq);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use tollgate_core::algorithm::Record;
+    use tollgate_core::{Key, ManualClock, Policy, Rate, StoreError};
+
+    use super::*;
+    use crate::LocalStore;
+    use crate::bucket::tests::{Rng, plain_apply, random_policy};
+
+    #[test]
+    fn a_key_is_held_whole_and_compared_whole() {
+        fn at<'a>(bytes: &'a [u8], k: SlotKey<'_>) -> SlotKey<'a> {
+            SlotKey {
+                bytes,
+                slot: k.slot,
+            }
+        }
+        assert!(SlotKey::new(&[b'k'; MAX_KEY]).is_some());
+        assert!(SlotKey::new(&[b'k'; MAX_KEY + 1]).is_none());
+        assert!(SlotKey::new(b"").is_none());
+        let table = LentTable::new();
+        let p = Held {
+            id: 3,
+            state: TokenBucketState {
+                level: 7,
+                updated: 11,
+            },
+            expires_at_ms: 13,
+        };
+        // every length, and keys that differ only in their last byte or in length
+        for n in 1..=MAX_KEY {
+            let key: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+            let k = SlotKey::new(&key).unwrap();
+            assert!(table.lend(k, &p, 0), "{n}");
+            assert_eq!(table.read(k), Some(p), "{n}");
+            let mut other = key.clone();
+            *other.last_mut().unwrap() ^= 1;
+            let longer = [key.as_slice(), b"\0"].concat();
+            let mut others = vec![other, longer];
+            if n > 1 {
+                others.push(key[..n - 1].to_vec());
+            }
+            for o in &others {
+                assert_eq!(table.read(at(o, k)), None, "{n}");
+                assert_eq!(table.take_back(at(o, k)), None, "{n}");
+                assert!(!table.lend(at(o, k), &p, 13), "a live state stays: {n}");
+            }
+            assert_eq!(table.read(k), Some(p), "others leave it: {n}");
+            assert_eq!(table.take_back(k), Some(p), "{n}");
+            assert_eq!(table.read(k), None, "{n}");
+        }
+    }
+
+    /// A slot stays with its key while the state in it lives; once that has expired another
+    /// key takes it over, and the first key's owner then finds nothing to take back.
+    #[test]
+    fn a_live_slot_stays_with_its_key_and_an_expired_one_is_taken_over() {
+        let table = LentTable::new();
+        let p = Held {
+            id: 1,
+            state: TokenBucketState {
+                level: 0,
+                updated: 5,
+            },
+            expires_at_ms: 100,
+        };
+        let a = SlotKey::new(b"k:a").unwrap();
+        let b = SlotKey {
+            slot: a.slot,
+            ..SlotKey::new(b"k:b").unwrap()
+        };
+        assert!(table.lend(a, &p, 0));
+        assert!(
+            !table.lend(b, &p, 100),
+            "alive through its expiry millisecond"
+        );
+        assert_eq!(table.read(a), Some(p));
+        assert!(table.lend(b, &p, 101));
+        assert_eq!((table.read(a), table.read(b)), (None, Some(p)));
+        assert_eq!(table.take_back(a), None);
+        assert_eq!(table.take_back(b), Some(p));
+    }
+
+    /// `decide` answers a decision that writes nothing from the state as read, stores the
+    /// state of one that writes, declines for another key or when told to, and a claim that
+    /// another writer got first makes it read again.
+    #[test]
+    fn decide_stores_what_a_decision_writes_and_nothing_else() {
+        let table = LentTable::new();
+        let p = Held {
+            id: 2,
+            state: TokenBucketState {
+                level: 4,
+                updated: 9,
+            },
+            expires_at_ms: 50,
+        };
+        let k = SlotKey::new(b"k").unwrap();
+        assert_eq!(table.decide(k, |_| Some(((), None))), None, "empty slot");
+        table.lend(k, &p, 0);
+        let seq = table.slot(k).seq.load(Ordering::Relaxed);
+        assert_eq!(table.decide(k, |q| Some((q.state.level, None))), Some(4));
+        assert_eq!(table.slot(k).seq.load(Ordering::Relaxed), seq, "no write");
+        let q = Held {
+            state: TokenBucketState {
+                level: 3,
+                updated: 10,
+            },
+            expires_at_ms: 51,
+            ..p
+        };
+        assert_eq!(table.decide(k, |_| Some(("took", Some(q)))), Some("took"));
+        assert_eq!(table.read(k), Some(q));
+        assert_eq!(table.decide(k, |_| None::<((), _)>), None);
+        let other = SlotKey {
+            slot: k.slot,
+            ..SlotKey::new(b"j").unwrap()
+        };
+        assert_eq!(table.decide(other, |_| Some(((), None))), None);
+        // a writer that claims between the read and the claim: the first attempt loses
+        let tries = AtomicUsize::new(0);
+        let got = table.decide(k, |r| {
+            if tries.fetch_add(1, Ordering::Relaxed) == 0 {
+                let s = table.slot(k);
+                let seq = s.claim();
+                s.release(seq);
+            }
+            Some((r.state.level, Some(p)))
+        });
+        assert_eq!((got, tries.load(Ordering::Relaxed)), (Some(3), 2));
+        assert_eq!(table.read(k), Some(p));
+    }
+
+    /// A store lending its hot buckets against the core maths on a plain map with Redis's
+    /// expiry: the same decisions for every call, under token buckets prone to denials and
+    /// random policies of every algorithm on the same keys (policy changes), a clock that
+    /// mostly stands still or creeps (so calls find their bucket hot and denials repeat) and
+    /// sometimes jumps or steps back, resets, and a key too long for a slot. A second set of
+    /// keys shares one slot, so that each takes it over from the other once the state there
+    /// has expired; its clock never steps back (a state dropped once expired, as Redis's active
+    /// expiry drops it, would come back in the model).
+    #[test]
+    fn a_store_lending_buckets_decides_exactly_as_the_core() {
+        let key = |part: &str| Key::new("h", [part]).unwrap();
+        let slot_of = |k: &Key| SlotKey::new(k.as_str().as_bytes()).unwrap().slot;
+        let apart = [
+            key("a"),
+            key("b"),
+            key("a-longer-key-0123456789"),
+            key(&"x".repeat(MAX_KEY)),
+        ];
+        let sharing: Vec<Key> = (0..)
+            .map(|i| key(&format!("c{i}")))
+            .filter(|k| slot_of(k) == slot_of(&apart[0]))
+            .take(2)
+            .chain([apart[0].clone()])
+            .collect();
+        let mut lent = 0;
+        for seed in 1..=1_500u64 {
+            let (keys, back) = if seed % 2 == 0 {
+                (&apart[..], 2_000_000)
+            } else {
+                (&sharing[..], 0)
+            };
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut now = 1_700_000_000_000_000 + rng.below(1 << 30);
+            let clock = ManualClock::new(now);
+            let store = LocalStore::builder().clock(clock.clone()).build();
+            let mut policies = vec![
+                Policy::token_bucket(1 + rng.below(3), Rate::new(1, Duration::from_secs(3600)))
+                    .unwrap(),
+                Policy::token_bucket(2 + rng.below(5), Rate::per_second(1 + rng.below(1_000)))
+                    .unwrap()
+                    .with_generation(rng.below(3)),
+            ];
+            if seed % 3 == 0 {
+                policies.push(random_policy(&mut rng));
+            }
+            let mut model: HashMap<&Key, (Option<Record>, u64)> = HashMap::new();
+            for step in 0..300 {
+                let key = &keys[rng.below(keys.len() as u64) as usize];
+                let policy = &policies[rng.below(policies.len() as u64) as usize];
+                now = match rng.below(20) {
+                    0 => now - rng.below(back + 1),
+                    1..=9 => now,
+                    10..=16 => now + rng.below(2_000),
+                    17 | 18 => now + rng.below(2_000_000),
+                    _ => now + rng.below(20_000_000),
+                };
+                clock.set(now);
+                let at = format!("seed {seed} step {step}: {key:?} at {now} under {policy}");
+                if rng.below(40) == 0 {
+                    store.reset_now(key);
+                    model.remove(key);
+                    continue;
+                }
+                let cost = 1 + rng.below(policy.limit().min(3));
+                let got = store.acquire_now(key, policy, cost).map_err(|e| match e {
+                    StoreError::InvalidPolicy(e) => e,
+                    other => panic!("{at}: {other}"),
+                });
+                let (plain, expiry) = model.entry(key).or_insert((None, 0));
+                let want = plain_apply(plain, expiry, policy, now, cost);
+                assert_eq!(got, want, "{at}");
+                let bytes = key.as_str().as_bytes();
+                if SlotKey::new(bytes).is_some_and(|k| store.lent.read(k).is_some()) {
+                    lent += 1;
+                }
+            }
+        }
+        assert!(lent > 10_000, "slots were in play: {lent}");
+    }
+
+    /// Threads hammering one key on a frozen clock admit exactly the bucket's tokens, however
+    /// their calls are decided (under the lock or on the lent slot); after the clock moves by
+    /// one token's refill, exactly one more.
+    #[test]
+    fn concurrent_calls_on_a_hot_key_admit_exactly_the_tokens() {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = LocalStore::builder().clock(clock.clone()).build();
+        let key = Key::new("hot", ["k"]).unwrap();
+        let policy = Policy::token_bucket(100, Rate::per_second(1)).unwrap();
+        for round in 0..20 {
+            let admitted = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for _ in 0..2_000 {
+                            if store.acquire_now(&key, &policy, 1).unwrap().allowed {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            let want = if round == 0 { 100 } else { 1 };
+            assert_eq!(admitted.load(Ordering::Relaxed), want, "round {round}");
+            clock.advance(Duration::from_secs(1));
+        }
+        // a reset from another thread makes the bucket full again at once
+        let d = store.acquire_now(&key, &policy, 1).unwrap();
+        assert!(d.allowed);
+        assert!(!store.acquire_now(&key, &policy, 1).unwrap().allowed);
+        let bytes = key.as_str().as_bytes();
+        assert!(store.lent.read(SlotKey::new(bytes).unwrap()).is_some());
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(store.reset_now(&key)));
+        });
+        assert!(store.lent.read(SlotKey::new(bytes).unwrap()).is_none());
+        assert_eq!(store.acquire_now(&key, &policy, 1).unwrap().remaining, 99);
+    }
+
+    /// Admissions on a lent bucket racing the calls that take it back (a sweep takes every
+    /// lent bucket back, a peek reads it in place) lose no update: afterwards the bucket holds
+    /// exactly its capacity less the admissions. The admitting threads run until the racing
+    /// thread has seen the bucket taken back and lent again many times (bounded by a count).
+    #[test]
+    fn admissions_racing_take_backs_lose_no_update() {
+        const CAPACITY: u64 = 10_000_000;
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = LocalStore::builder().clock(clock.clone()).build();
+        let key = Key::new("hot", ["k"]).unwrap();
+        let policy = Policy::token_bucket(CAPACITY, Rate::per_second(1)).unwrap();
+        let slot = SlotKey::new(key.as_str().as_bytes()).unwrap();
+        let admitted = AtomicUsize::new(0);
+        let (taken_back, lent_again) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let enough =
+            || taken_back.load(Ordering::Relaxed) >= 20 && lent_again.load(Ordering::Relaxed) >= 20;
+        let running = AtomicUsize::new(3);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..1_000_000 {
+                        if enough() {
+                            break;
+                        }
+                        if store.acquire_now(&key, &policy, 1).unwrap().allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    running.fetch_sub(1, Ordering::Release);
+                });
+            }
+            s.spawn(|| {
+                while running.load(Ordering::Acquire) > 0 {
+                    let held = store.lent.read(slot).is_some();
+                    store.sweep_expired();
+                    taken_back.fetch_add(usize::from(held), Ordering::Relaxed);
+                    assert!(store.peek_now(&key, &policy, 1).unwrap().remaining <= CAPACITY);
+                    std::thread::yield_now();
+                    let again = store.lent.read(slot).is_some();
+                    lent_again.fetch_add(usize::from(again), Ordering::Relaxed);
+                }
+            });
+        });
+        let admitted = admitted.load(Ordering::Relaxed) as u64;
+        assert!(admitted < CAPACITY, "{admitted}");
+        // a peek of 1 reports what an admission of 1 would leave
+        let left = store.peek_now(&key, &policy, 1).unwrap().remaining;
+        assert_eq!(left + 1, CAPACITY - admitted, "{admitted} admitted");
+        assert!(
+            enough(),
+            "the race happened: {taken_back:?} take-backs, {lent_again:?} lent again"
+        );
+    }
+}
