@@ -224,6 +224,15 @@ impl<'a> SlotKey<'a> {
     }
 }
 
+/// How one attempt of [`LentTable::decide`] ended.
+enum Attempt<D> {
+    Decided(D),
+    /// The slot holds another key, or the caller declined: the locked path decides.
+    Declined,
+    /// A writer got in the way: try again.
+    Raced,
+}
+
 /// A store's table of lent buckets.
 pub(crate) struct LentTable {
     slots: Box<[Slot; SLOTS]>,
@@ -272,41 +281,78 @@ impl LentTable {
     /// slot was claimed from the sequence read (nothing changed since) and the new state stored.
     /// `None` when the slot does not hold `key`, `decide` declines, or the slot kept changing
     /// under the call ([`ATTEMPTS`]).
+    ///
+    /// The first attempt is inline and the retries out of line: in a loop, the compiler
+    /// prepared every attempt's addresses and operands before the first one, ~45 instructions
+    /// on every call, most of which find the slot holding another key (callgrind).
     #[inline]
     pub(crate) fn decide<D>(
         &self,
         key: SlotKey<'_>,
         decide: impl Fn(Held) -> Option<(D, Option<Held>)>,
     ) -> Option<D> {
-        let s = self.slot(key);
-        for _ in 0..ATTEMPTS {
-            let seq = s.seq.load(Ordering::Acquire);
-            let meta = s.meta.load(Ordering::Relaxed);
-            if seq & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            if !s.holds(meta, key.bytes) {
-                return None;
-            }
-            let (d, write) = decide(s.state(meta))?;
-            match write {
-                None => {
-                    fence(Ordering::Acquire);
-                    if s.seq.load(Ordering::Relaxed) == seq {
-                        return Some(d);
-                    }
-                }
-                Some(p) => {
-                    if s.claim_from(seq) {
-                        s.store_state(&p);
-                        s.release(seq);
-                        return Some(d);
-                    }
-                }
+        match self.attempt(key, &decide) {
+            Attempt::Decided(d) => Some(d),
+            Attempt::Declined => None,
+            Attempt::Raced => self.decide_again(key, &decide),
+        }
+    }
+
+    /// [`LentTable::decide`]'s retries, after an attempt that raced a writer.
+    #[cold]
+    #[inline(never)]
+    fn decide_again<D>(
+        &self,
+        key: SlotKey<'_>,
+        decide: &impl Fn(Held) -> Option<(D, Option<Held>)>,
+    ) -> Option<D> {
+        for _ in 1..ATTEMPTS {
+            std::hint::spin_loop();
+            match self.attempt(key, decide) {
+                Attempt::Decided(d) => return Some(d),
+                Attempt::Declined => return None,
+                Attempt::Raced => {}
             }
         }
         None
+    }
+
+    /// One attempt of [`LentTable::decide`].
+    #[allow(clippy::inline_always)] // see `decide`
+    #[inline(always)]
+    fn attempt<D>(
+        &self,
+        key: SlotKey<'_>,
+        decide: &impl Fn(Held) -> Option<(D, Option<Held>)>,
+    ) -> Attempt<D> {
+        let s = self.slot(key);
+        let seq = s.seq.load(Ordering::Acquire);
+        let meta = s.meta.load(Ordering::Relaxed);
+        if seq & 1 == 1 {
+            return Attempt::Raced;
+        }
+        if !s.holds(meta, key.bytes) {
+            return Attempt::Declined;
+        }
+        let Some((d, write)) = decide(s.state(meta)) else {
+            return Attempt::Declined;
+        };
+        match write {
+            None => {
+                fence(Ordering::Acquire);
+                if s.seq.load(Ordering::Relaxed) == seq {
+                    return Attempt::Decided(d);
+                }
+            }
+            Some(p) => {
+                if s.claim_from(seq) {
+                    s.store_state(&p);
+                    s.release(seq);
+                    return Attempt::Decided(d);
+                }
+            }
+        }
+        Attempt::Raced
     }
 
     /// Lends `p`, `key`'s state, to its slot: only under the key's shard lock, for a bucket
