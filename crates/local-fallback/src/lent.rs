@@ -298,7 +298,10 @@ impl LentTable {
         }
     }
 
-    /// [`LentTable::decide`]'s retries, after an attempt that raced a writer.
+    /// [`LentTable::decide`]'s retries, after an attempt that raced a writer: each takes the
+    /// slot's claim first (one read-modify-write that brings the line over for writing), then
+    /// reads and decides under it, so that calls contending for a hot key queue on the claim
+    /// instead of each reading, deciding and losing the claim to the other again.
     #[cold]
     #[inline(never)]
     fn decide_again<D>(
@@ -306,12 +309,37 @@ impl LentTable {
         key: SlotKey<'_>,
         decide: &impl Fn(Held) -> Option<(D, Option<Held>)>,
     ) -> Option<D> {
+        let s = self.slot(key);
         for _ in 1..ATTEMPTS {
-            std::hint::spin_loop();
-            match self.attempt(key, decide) {
-                Attempt::Decided(d) => return Some(d),
-                Attempt::Declined => return None,
-                Attempt::Raced => {}
+            // Setting the bit of a claimed (odd) sequence changes nothing: its holder's
+            // release clears it.
+            let seq = s.seq.fetch_or(1, Ordering::AcqRel);
+            if seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // The data stores below stay after the claim, as in `Slot::claim_from`.
+            fence(Ordering::Release);
+            let meta = s.meta.load(Ordering::Relaxed);
+            let decided = s
+                .holds(meta, key.bytes)
+                .then(|| decide(s.state(meta)))
+                .flatten();
+            match decided {
+                Some((d, Some(p))) => {
+                    s.store_state(&p);
+                    s.release(seq);
+                    return Some(d);
+                }
+                // nothing written: the sequence goes back to what readers may have seen
+                Some((d, None)) => {
+                    s.seq.store(seq, Ordering::Release);
+                    return Some(d);
+                }
+                None => {
+                    s.seq.store(seq, Ordering::Release);
+                    return None;
+                }
             }
         }
         None
@@ -535,6 +563,33 @@ mod tests {
         });
         assert_eq!((got, tries.load(Ordering::Relaxed)), (Some(3), 2));
         assert_eq!(table.read(k), Some(p));
+        // the retry decides under the claim: a decision that writes nothing leaves the
+        // sequence as it was, one that writes moves it on
+        let s = table.slot(k);
+        let raced = |write| {
+            let first = AtomicUsize::new(0);
+            table.decide(k, |r| {
+                if first.fetch_add(1, Ordering::Relaxed) == 0 {
+                    let seq = s.claim();
+                    s.release(seq);
+                }
+                Some((r.state.level, write))
+            })
+        };
+        let seq = s.seq.load(Ordering::Relaxed);
+        assert_eq!(raced(None), Some(4));
+        assert_eq!(
+            s.seq.load(Ordering::Relaxed),
+            seq + 2,
+            "only the racing writer's"
+        );
+        assert_eq!(raced(Some(q)), Some(4));
+        assert_eq!(s.seq.load(Ordering::Relaxed), seq + 6);
+        assert_eq!(table.read(k), Some(q));
+        // a slot claimed throughout: the call gives up and the locked path decides
+        let seq = s.claim();
+        assert_eq!(table.decide(k, |_| Some(((), None))), None);
+        s.release(seq);
     }
 
     /// A store lending its hot buckets against the core maths on a plain map with Redis's
