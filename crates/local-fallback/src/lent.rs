@@ -13,13 +13,15 @@
 //! as read (no write at all); a decision that writes (an admission) claims the slot with one
 //! compare-exchange from the sequence it read — which fails if anything changed since — and
 //! stores the new state: one atomic read-modify-write per admission, against two for the
-//! shard's lock (and no hash, no probe). Anything the copy cannot decide (a policy change, an
-//! expired bucket, a slot of another key, a claim lost too often) takes the locked path.
+//! shard's lock (and no hash, no probe). A call that raced a writer retries under the slot's
+//! claim (one `fetch_or`), so that calls contending for a hot key queue rather than each losing
+//! the claim again. Anything the copy cannot decide (a policy change, an expired bucket, a slot
+//! of another key, a slot claimed throughout the retries) takes the locked path.
 //!
 //! Exactness: the slot owns a lent bucket's state, and every change to it is made by its
 //! claimer alone. The locked path takes a lent bucket back (claims the slot, copies the state
-//! into the map's entry, empties the slot) before anything else reads or changes it: the
-//! decisions under the shard's lock, a peek, a reset, a sweep. Lending and taking back happen
+//! into the map's entry, empties the slot) before anything else changes it: the decisions
+//! under the shard's lock, a reset, a sweep (a peek reads the slot in place). Lending and taking back happen
 //! under the key's shard lock and the slot's claim, in that order only (a slot's claim is never
 //! held while waiting for anything). Another key may take a slot over only when the state in it
 //! has expired: the owner's entry then finds its slot holding something else and counts as
