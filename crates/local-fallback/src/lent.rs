@@ -441,6 +441,15 @@ mod tests {
 
     use super::*;
     use crate::LocalStore;
+
+    /// A held state: parameters' index, level, time, expiry.
+    fn held(id: u8, level: u64, updated: u64, expires_at_ms: u64) -> Held {
+        Held {
+            id,
+            state: TokenBucketState { level, updated },
+            expires_at_ms,
+        }
+    }
     use crate::bucket::tests::{Rng, plain_apply, random_policy};
 
     #[test]
@@ -455,14 +464,7 @@ mod tests {
         assert!(SlotKey::new(&[b'k'; MAX_KEY + 1]).is_none());
         assert!(SlotKey::new(b"").is_none());
         let table = LentTable::new();
-        let p = Held {
-            id: 3,
-            state: TokenBucketState {
-                level: 7,
-                updated: 11,
-            },
-            expires_at_ms: 13,
-        };
+        let p = held(3, 7, 11, 13);
         // every length, and keys that differ only in their last byte or in length
         for n in 1..=MAX_KEY {
             let key: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
@@ -492,14 +494,7 @@ mod tests {
     #[test]
     fn a_live_slot_stays_with_its_key_and_an_expired_one_is_taken_over() {
         let table = LentTable::new();
-        let p = Held {
-            id: 1,
-            state: TokenBucketState {
-                level: 0,
-                updated: 5,
-            },
-            expires_at_ms: 100,
-        };
+        let p = held(1, 0, 5, 100);
         let a = SlotKey::new(b"k:a").unwrap();
         let b = SlotKey {
             slot: a.slot,
@@ -523,28 +518,14 @@ mod tests {
     #[test]
     fn decide_stores_what_a_decision_writes_and_nothing_else() {
         let table = LentTable::new();
-        let p = Held {
-            id: 2,
-            state: TokenBucketState {
-                level: 4,
-                updated: 9,
-            },
-            expires_at_ms: 50,
-        };
+        let p = held(2, 4, 9, 50);
         let k = SlotKey::new(b"k").unwrap();
         assert_eq!(table.decide(k, |_| Some(((), None))), None, "empty slot");
         table.lend(k, &p, 0);
         let seq = table.slot(k).seq.load(Ordering::Relaxed);
         assert_eq!(table.decide(k, |q| Some((q.state.level, None))), Some(4));
         assert_eq!(table.slot(k).seq.load(Ordering::Relaxed), seq, "no write");
-        let q = Held {
-            state: TokenBucketState {
-                level: 3,
-                updated: 10,
-            },
-            expires_at_ms: 51,
-            ..p
-        };
+        let q = held(2, 3, 10, 51);
         assert_eq!(table.decide(k, |_| Some(("took", Some(q)))), Some("took"));
         assert_eq!(table.read(k), Some(q));
         assert_eq!(table.decide(k, |_| None::<((), _)>), None);
