@@ -252,18 +252,13 @@ impl<C: Clock> LocalStore<C> {
             return Ok(d);
         }
         if let Some(mut bucket) = self.map.get_mut(key) {
-            return match slot_key {
-                Some(slot_key) => {
-                    self.apply_lending(&mut bucket, slot_key, unit, policy, now, cost)
-                }
-                None => bucket.apply(&self.params, policy, now, cost),
-            };
+            return self.apply_lending(&mut bucket, slot_key, unit, policy, now, cost);
         }
         self.acquire_new(key, policy, cost, now)
     }
 
-    /// [`Bucket::apply`] under the shard's lock on the bucket of a key that has a slot:
-    /// takes a lent bucket back first, and lends it after the call if it is worth it
+    /// [`Bucket::apply`] under the shard's lock; for a key that has a slot, takes a lent
+    /// bucket back first, and lends it after the call if it is worth it
     /// ([`Bucket::lendable`]). Always inlined: its key passed through memory costs a
     /// store-forwarding stall per call.
     #[allow(clippy::inline_always)]
@@ -271,12 +266,16 @@ impl<C: Clock> LocalStore<C> {
     fn apply_lending(
         &self,
         bucket: &mut Bucket,
-        slot_key: SlotKey<'_>,
+        slot_key: Option<SlotKey<'_>>,
         unit: u64,
         policy: &Policy,
         now: u64,
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        // a key too long for a slot is never lent
+        let Some(slot_key) = slot_key else {
+            return bucket.apply(&self.params, policy, now, cost);
+        };
         if bucket.is_lent() {
             bucket.restore(self.lent.take_back(slot_key));
         }
@@ -318,13 +317,7 @@ impl<C: Clock> LocalStore<C> {
         loop {
             match self.map.entry(key.clone()) {
                 Entry::Occupied(mut held) => {
-                    let bucket = held.get_mut();
-                    return match slot_key {
-                        Some(slot_key) => {
-                            self.apply_lending(bucket, slot_key, unit, policy, now, cost)
-                        }
-                        None => bucket.apply(&self.params, policy, now, cost),
-                    };
+                    return self.apply_lending(held.get_mut(), slot_key, unit, policy, now, cost);
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
