@@ -254,16 +254,19 @@ impl Bucket {
     /// only keep it from a hot one.
     #[inline]
     pub(crate) fn lendable(&self, unit: u64, now_us: u64, hot: bool) -> Option<Held> {
+        self.held()
+            .filter(|p| unit > 0 && (hot || p.state.level < unit) && self.is_alive(now_us / 1000))
+    }
+
+    /// A compact token bucket as a slot holds it; `None` for any other bucket.
+    #[inline]
+    fn held(&self) -> Option<Held> {
         match self.slot {
-            Slot::TokenBucket(id, state)
-                if unit > 0 && (hot || state.level < unit) && self.is_alive(now_us / 1000) =>
-            {
-                Some(Held {
-                    id,
-                    state,
-                    expires_at_ms: self.expires_at_ms,
-                })
-            }
+            Slot::TokenBucket(id, state) => Some(Held {
+                id,
+                state,
+                expires_at_ms: self.expires_at_ms,
+            }),
             _ => None,
         }
     }
@@ -303,22 +306,12 @@ impl Bucket {
         now_us: u64,
         cost: u64,
     ) -> Option<(Decision, Option<Held>)> {
-        let mut copy = Self {
-            slot: Slot::TokenBucket(p.id, p.state),
-            expires_at_ms: p.expires_at_ms,
-        };
+        let mut copy = Self::of_held(Some(p));
         if !copy.is_alive(now_us / 1000) {
             return None;
         }
         let d = copy.fast(table, policy, now_us, cost)?;
-        let Slot::TokenBucket(id, state) = copy.slot else {
-            return None;
-        };
-        let after = Held {
-            id,
-            state,
-            expires_at_ms: copy.expires_at_ms,
-        };
+        let after = copy.held()?;
         Some((d, (after != p).then_some(after)))
     }
 

@@ -155,8 +155,7 @@ impl Slot {
     fn claim(&self) -> u64 {
         let mut spins = 0u32;
         loop {
-            let seq = self.seq.load(Ordering::Relaxed);
-            if seq & 1 == 0 && self.claim_from(seq) {
+            if let Some(seq) = self.try_claim() {
                 return seq;
             }
             spins += 1;
@@ -167,6 +166,27 @@ impl Slot {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Claims the slot whatever its sequence, unless another call holds it (`None`): one
+    /// read-modify-write, with no read before it. Setting the bit of a claimed (odd) sequence
+    /// changes nothing: its holder's release clears it.
+    #[inline]
+    fn try_claim(&self) -> Option<u64> {
+        let seq = self.seq.fetch_or(1, Ordering::AcqRel);
+        if seq & 1 == 1 {
+            return None;
+        }
+        // The data stores after it stay after the claim, as in `Slot::claim_from`.
+        fence(Ordering::Release);
+        Some(seq)
+    }
+
+    /// Lets a claim go with nothing written: the sequence goes back to what readers may have
+    /// seen, so their reads stay valid.
+    #[inline]
+    fn unclaim(&self, seq: u64) {
+        self.seq.store(seq, Ordering::Release);
     }
 
     #[inline]
@@ -313,36 +333,26 @@ impl LentTable {
     ) -> Option<D> {
         let s = self.slot(key);
         for _ in 1..ATTEMPTS {
-            // Setting the bit of a claimed (odd) sequence changes nothing: its holder's
-            // release clears it.
-            let seq = s.seq.fetch_or(1, Ordering::AcqRel);
-            if seq & 1 == 1 {
+            let Some(seq) = s.try_claim() else {
                 std::hint::spin_loop();
                 continue;
-            }
-            // The data stores below stay after the claim, as in `Slot::claim_from`.
-            fence(Ordering::Release);
+            };
             let meta = s.meta.load(Ordering::Relaxed);
             let decided = s
                 .holds(meta, key.bytes)
                 .then(|| decide(s.state(meta)))
                 .flatten();
-            match decided {
+            return match decided {
                 Some((d, Some(p))) => {
                     s.store_state(&p);
                     s.release(seq);
-                    return Some(d);
+                    Some(d)
                 }
-                // nothing written: the sequence goes back to what readers may have seen
-                Some((d, None)) => {
-                    s.seq.store(seq, Ordering::Release);
-                    return Some(d);
+                other => {
+                    s.unclaim(seq);
+                    other.map(|(d, _)| d)
                 }
-                None => {
-                    s.seq.store(seq, Ordering::Release);
-                    return None;
-                }
-            }
+            };
         }
         None
     }
