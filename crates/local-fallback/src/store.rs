@@ -112,11 +112,33 @@ impl Drop for Lending<'_> {
     #[allow(clippy::inline_always)] // on every call under the lock of a key with a slot
     #[inline(always)]
     fn drop(&mut self) {
-        if let Some(p) = self.bucket.lendable(self.unit, self.now, self.hot)
-            && self.lent.lend(*self.slot_key, &p, self.now / 1000)
-        {
-            self.bucket.mark_lent();
-        }
+        lend_if_worth(
+            self.lent,
+            self.bucket,
+            *self.slot_key,
+            self.unit,
+            self.now,
+            self.hot,
+        );
+    }
+}
+
+/// Under the key's shard lock, after a call: lends `bucket` to its slot if it is worth it
+/// ([`Bucket::lendable`]) and the slot takes it.
+#[allow(clippy::inline_always)] // see `Lending`
+#[inline(always)]
+fn lend_if_worth(
+    lent: &LentTable,
+    bucket: &mut Bucket,
+    slot_key: SlotKey<'_>,
+    unit: u64,
+    now: u64,
+    hot: bool,
+) {
+    if let Some(p) = bucket.lendable(unit, now, hot)
+        && lent.lend(slot_key, &p, now / 1000)
+    {
+        bucket.mark_lent();
     }
 }
 
@@ -328,11 +350,8 @@ impl<C: Clock> LocalStore<C> {
                         return Ok(decision);
                     }
                     if self.reserve_slot() {
-                        if let Some(slot_key) = slot_key
-                            && let Some(p) = bucket.lendable(unit, now, false)
-                            && self.lent.lend(slot_key, &p, now / 1000)
-                        {
-                            bucket.mark_lent();
+                        if let Some(slot_key) = slot_key {
+                            lend_if_worth(&self.lent, &mut bucket, slot_key, unit, now, false);
                         }
                         drop(vacant.insert(bucket));
                         self.after_insert(now);
