@@ -21,7 +21,9 @@ fn run<const W: usize>(keys: &[Key], calls: usize) -> f64 {
     let start = Instant::now();
     let mut i = 0;
     for _ in 0..calls {
-        let mut v = map.get_mut(black_box(&keys[i])).expect("every key inserted");
+        let mut v = map
+            .get_mut(black_box(&keys[i]))
+            .expect("every key inserted");
         v[0] += 1;
         v[W - 1] = v[0];
         i += 1;
@@ -35,7 +37,9 @@ fn run<const W: usize>(keys: &[Key], calls: usize) -> f64 {
 fn main() {
     let mut args = std::env::args().skip(1);
     let entry: usize = args.next().map_or(48, |s| s.parse().expect("24 or 48"));
-    let keys: usize = args.next().map_or(100_000, |s| s.parse().expect("a key count"));
+    let keys: usize = args
+        .next()
+        .map_or(100_000, |s| s.parse().expect("a key count"));
     let calls: usize = args
         .next()
         .map_or(10_000_000, |s| s.parse().expect("a call count"));
