@@ -1,6 +1,6 @@
 //! `LocalStore` against governor's keyed limiter, in the same criterion run: one hot key and
-//! 100,000 keys (pre-built, visited round-robin), on one thread and on two threads sharing one
-//! limiter. Each group holds both limiters under the same scenario, so ratios within a group
+//! 100,000 keys (pre-built, visited round-robin, and in a skewed order: `…keys_zipf`), on one
+//! thread and on two threads sharing one limiter. Each group holds both limiters under the same scenario, so ratios within a group
 //! are what count on a noisy machine.
 //!
 //! Policies are equivalent: a token bucket of capacity C refilled at R/s is governor's
@@ -122,7 +122,44 @@ fn keys(n: usize) -> Arc<Vec<Key>> {
     )
 }
 
-/// Runs `limiter` round-robin over `keys` on `threads` threads; criterion's time per iteration
+/// Zipf's law over `n` keys, as traffic is spread in practice: `visits` visits in a fixed
+/// pseudo-random order where the key of rank `r` (1-based) is visited in proportion to
+/// `1 / r^s`. With `s = 1` and 100,000 keys the hottest key takes ~8 % of visits and the 256
+/// hottest ~50 %; half the visits are spread over the other 99,744 keys. Ranks are assigned to
+/// keys by a fixed shuffle. The same `Key` values as `keys(n)` builds (one `Arc` per key, cloned
+/// into every visit).
+fn zipf_visits(n: usize, s: f64, visits: usize) -> Arc<Vec<Key>> {
+    let keys = keys(n);
+    // xorshift64*: a fixed stream, so every run and both limiters see the same order.
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut by_rank: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        by_rank.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    let mut cumulative = Vec::with_capacity(n);
+    let mut total = 0.0;
+    for r in 1..=n {
+        total += 1.0 / (r as f64).powf(s);
+        cumulative.push(total);
+    }
+    Arc::new(
+        (0..visits)
+            .map(|_| {
+                let u = (next() >> 11) as f64 / (1u64 << 53) as f64 * total;
+                let rank = cumulative.partition_point(|&c| c < u).min(n - 1);
+                keys[by_rank[rank]].clone()
+            })
+            .collect(),
+    )
+}
+
+/// Runs `limiter` over `keys` in order, cycling (round-robin over distinct keys) on `threads` threads; criterion's time per iteration
 /// is wall time per decision (the threads' decisions summed).
 fn bench<L: Limiter>(
     group: &mut BenchmarkGroup<'_, WallTime>,
@@ -257,24 +294,39 @@ fn governor_first() -> bool {
 
 fn scenario(c: &mut Criterion, s: Scenario, key_counts: &[usize]) {
     for &n in key_counts {
-        let keys = keys(n);
         let label = if n == 1 {
             "1key".to_owned()
         } else {
             format!("{n}keys")
         };
-        for threads in [1, 2] {
-            let mut group = c.benchmark_group(format!("local/{}/{label}/{threads}thread", s.name));
-            group.throughput(Throughput::Elements(1));
-            if governor_first() {
-                bench(&mut group, "governor", s.governor(), &keys, threads);
-                bench(&mut group, "tollgate", s.tollgate(), &keys, threads);
-            } else {
-                bench(&mut group, "tollgate", s.tollgate(), &keys, threads);
-                bench(&mut group, "governor", s.governor(), &keys, threads);
-            }
-            group.finish();
+        groups(c, s, &label, &keys(n));
+    }
+}
+
+/// `s` on `n` keys visited in Zipf's order with exponent 1 ([`zipf_visits`]; 1,000,000
+/// visits, cycled).
+fn scenario_zipf(c: &mut Criterion, s: Scenario, n: usize) {
+    groups(
+        c,
+        s,
+        &format!("{n}keys_zipf"),
+        &zipf_visits(n, 1.0, 1_000_000),
+    );
+}
+
+/// One group per thread count for scenario `s`, both limiters visiting `keys` in order.
+fn groups(c: &mut Criterion, s: Scenario, label: &str, keys: &Arc<Vec<Key>>) {
+    for threads in [1, 2] {
+        let mut group = c.benchmark_group(format!("local/{}/{label}/{threads}thread", s.name));
+        group.throughput(Throughput::Elements(1));
+        if governor_first() {
+            bench(&mut group, "governor", s.governor(), keys, threads);
+            bench(&mut group, "tollgate", s.tollgate(), keys, threads);
+        } else {
+            bench(&mut group, "tollgate", s.tollgate(), keys, threads);
+            bench(&mut group, "governor", s.governor(), keys, threads);
         }
+        group.finish();
     }
 }
 
@@ -283,6 +335,8 @@ fn local(c: &mut Criterion) {
     scenario(c, GENEROUS_SLOW, &[100_000]);
     scenario(c, BRIEF, &[1]);
     scenario(c, DENYING, &[1, 100_000]);
+    scenario_zipf(c, GENEROUS_SLOW, 100_000);
+    scenario_zipf(c, DENYING, 100_000);
 }
 
 criterion_group!(benches, local);
