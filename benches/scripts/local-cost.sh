@@ -10,7 +10,8 @@
 # Each figure is (run with `calls` calls - run with 0 calls) / calls: the setup (building the
 # keys, touching each once) is subtracted. One thread. Needs valgrind. Beside the two limiters,
 # the `map_floor` example gives what the map alone costs (a `get_mut` and a write per call, same
-# keys and hasher) with governor's 24-byte entries and LocalStore's 48-byte ones.
+# keys and hasher) with governor's 24-byte entries, LocalStore's 48-byte ones, and 32-byte ones
+# (the least a token bucket's level and time take beside a `Key`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CALLS=${1:-1000000}
@@ -45,7 +46,7 @@ for k in "${KEYS[@]}"; do
   done
   read -r ti td tl <<<"${per[tollgate]}"
   read -r gi gd gl <<<"${per[governor]}"
-  for entry in 24 48; do
+  for entry in 24 32 48; do
     read -r i0 d0 l0 < <(counts map_floor "$entry" "$k" 0)
     read -r i1 d1 l1 < <(counts map_floor "$entry" "$k" "$CALLS")
     python3 -c "c=$CALLS; f=lambda a,b: max(a-b,0)/c; print(f'| $k | map only, $entry-byte entries | {f($i1,$i0):.1f} | {f($d1,$d0):.2f} | {f($l1,$l0):.2f} |')"

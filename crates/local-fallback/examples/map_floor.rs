@@ -1,7 +1,8 @@
 //! The floor under any keyed limiter on a dashmap: one `get_mut` and one write per call, on the
 //! same keys and hasher as `hot_key`, with map entries of 24 bytes (a `Key` and one 8-byte
-//! state, governor's layout) or 48 bytes (a `Key` and a 32-byte bucket, LocalStore's).
-//! `map_floor <24|48> [keys] [calls]`; under `benches/scripts/local-cost.sh` it gives the
+//! state, governor's layout), 32 bytes (a `Key` and a 16-byte state: a token bucket's level and
+//! time with nothing else) or 48 bytes (a `Key` and a 32-byte bucket, LocalStore's).
+//! `map_floor <24|32|48> [keys] [calls]`; under `benches/scripts/local-cost.sh` it gives the
 //! instructions and cache misses the map alone costs at each entry size.
 
 use std::hint::black_box;
@@ -36,7 +37,7 @@ fn run<const W: usize>(keys: &[Key], calls: usize) -> f64 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let entry: usize = args.next().map_or(48, |s| s.parse().expect("24 or 48"));
+    let entry: usize = args.next().map_or(48, |s| s.parse().expect("24, 32 or 48"));
     let keys: usize = args
         .next()
         .map_or(100_000, |s| s.parse().expect("a key count"));
@@ -48,8 +49,9 @@ fn main() {
         .collect();
     let ns = match entry {
         24 => run::<1>(&keys, calls),
+        32 => run::<2>(&keys, calls),
         48 => run::<4>(&keys, calls),
-        other => panic!("entry size {other}: 24 or 48"),
+        other => panic!("entry size {other}: 24, 32 or 48"),
     };
     println!(
         "map only, {entry}-byte entries, {} keys: {ns:.1} ns per call",

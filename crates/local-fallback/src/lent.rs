@@ -35,7 +35,7 @@
 //! path. Every other call on a key of at most [`MAX_KEY`] bytes pays a slot read before the
 //! lock.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use tollgate_core::algorithm::TokenBucketState;
 
@@ -308,13 +308,15 @@ enum Attempt<D> {
 /// A store's table of lent buckets.
 pub(crate) struct LentTable {
     slots: Box<[Slot; SLOTS]>,
-    /// Each slot's key's tag ([`SlotKey`]), 0 when empty: a hint, written under the slot's
-    /// claim, that a call reads first so that a key whose slot holds another key or nothing —
-    /// most calls over many keys — declines from these 256 bytes (four lines, hot in L1)
-    /// instead of reading its slot's line from a 32 KiB table. A stale tag only declines a
-    /// call the slot could have decided (the locked path then takes the bucket back) or
-    /// lets one read a slot that holds another key (the whole key is compared).
-    tags: Box<[AtomicU8; SLOTS]>,
+    /// For each slot, its key's tag ([`SlotKey`]) in the low byte and the expiry (ms) its
+    /// state had when lent above it; 0 when empty. A hint, written under the slot's claim when
+    /// the slot is lent or emptied, read first so that most calls over many keys decline from
+    /// these 2 KiB instead of reading their slot's line from a 32 KiB table: a call whose key's
+    /// tag is not there, and a lend to a slot that a live state holds. A stale word only
+    /// declines a call the slot could have decided (the locked path then takes the bucket
+    /// back), lets a call read a slot that holds another key (the whole key is compared), or
+    /// skips a lend; the slot's own words decide everything else.
+    tags: Box<[AtomicU64; SLOTS]>,
 }
 
 impl std::fmt::Debug for LentTable {
@@ -327,7 +329,7 @@ impl LentTable {
     pub(crate) fn new() -> Self {
         Self {
             slots: Box::new(std::array::from_fn(|_| Slot::default())),
-            tags: Box::new(std::array::from_fn(|_| AtomicU8::new(0))),
+            tags: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
 
@@ -423,7 +425,8 @@ impl LentTable {
         key: SlotKey<'_>,
         decide: &impl Fn(Held) -> Option<(D, Option<Held>)>,
     ) -> Attempt<D> {
-        if self.tags[key.slot].load(Ordering::Relaxed) != key.tag {
+        #[allow(clippy::cast_possible_truncation)] // the tag byte
+        if self.tags[key.slot].load(Ordering::Relaxed) as u8 != key.tag {
             return Attempt::Declined;
         }
         let s = self.slot(key);
@@ -480,9 +483,18 @@ impl LentTable {
             .store((len << 8) | u64::from(p.id), Ordering::Relaxed);
         s.store_key(key.bytes);
         s.store_state(p);
-        self.tags[key.slot].store(key.tag, Ordering::Relaxed);
+        self.tags[key.slot].store(p.expires_at_ms << 8 | u64::from(key.tag), Ordering::Relaxed);
         s.release(seq);
         true
+    }
+
+    /// Whether `key`'s slot may take a state at `now_ms` by its tag word: empty, or lent with
+    /// a state whose expiry then has passed. A cheap test before [`LentTable::lend`], which
+    /// decides on the slot itself (the state may have been written since, with a later expiry).
+    #[inline]
+    pub(crate) fn may_take(&self, key: SlotKey<'_>, now_ms: u64) -> bool {
+        let word = self.tags[key.slot].load(Ordering::Relaxed);
+        word == 0 || now_ms > word >> 8
     }
 
     /// Takes `key`'s lent state back, emptying its slot: only under the key's shard lock.
@@ -644,7 +656,11 @@ mod tests {
         assert_eq!(table.decide(other, |_| Some(((), None))), None);
         // the tag: set by a lend, cleared by a take-back; a key whose tag differs declines
         // before its slot is read, even a key the slot holds (a stale tag costs a locked call)
-        assert_eq!(table.tags[k.slot].load(Ordering::Relaxed), k.tag);
+        assert_eq!(
+            table.tags[k.slot].load(Ordering::Relaxed),
+            50 << 8 | u64::from(k.tag)
+        );
+        assert!(!table.may_take(k, 50) && table.may_take(k, 51));
         let other_tag = SlotKey {
             tag: k.tag ^ 2,
             ..k

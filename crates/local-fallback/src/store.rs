@@ -124,7 +124,8 @@ impl Drop for Lending<'_> {
 }
 
 /// Under the key's shard lock, after a call: lends `bucket` to its slot if it is worth it
-/// ([`Bucket::lendable`]) and the slot takes it.
+/// ([`Bucket::lendable`]) and the slot takes it (asked first of its tag word,
+/// [`LentTable::may_take`]: over many hot or dry keys most slots hold live states of others).
 #[allow(clippy::inline_always)] // see `Lending`
 #[inline(always)]
 fn lend_if_worth(
@@ -136,6 +137,7 @@ fn lend_if_worth(
     hot: bool,
 ) {
     if let Some(p) = bucket.lendable(unit, now, hot)
+        && lent.may_take(slot_key, now / 1000)
         && lent.lend(slot_key, &p, now / 1000)
     {
         bucket.mark_lent();
