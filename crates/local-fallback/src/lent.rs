@@ -3,10 +3,12 @@
 //! A call on a key under the shard's lock that finds its token bucket hot (written within
 //! [`HOT_US`] before) or run dry (less than one token left) lends the bucket to the key's slot
 //! in this table: the slot then holds the key's state and the map's entry only says where it
-//! is. Slots are indexed by a cheap mix of the key's bytes and each holds the whole key (up to
-//! [`MAX_KEY`] bytes, compared exactly, never by hash alone), the interned parameters' index,
-//! the state and the expiry, under a sequence word (a seqlock whose writers claim it with one
-//! compare-exchange).
+//! is. Slots are indexed by a multiplicative hash of the key's bytes and each holds the whole
+//! key (up to [`MAX_KEY`] bytes, compared exactly, never by hash alone), the interned
+//! parameters' index, the state and the expiry, under a sequence word (a seqlock whose writers
+//! claim it with one compare-exchange). A small table of tag words (eight more bits of each
+//! lent key's hash, and its state's expiry when lent) is read first, so that a call whose slot
+//! holds another key, or a lend to a slot a live state holds, does not read the slot itself.
 //!
 //! A later call on the key reads its slot with no lock and decides on that copy with the same
 //! code as under the lock (`Bucket::decide_on`). A denial that writes nothing is the answer
@@ -27,13 +29,13 @@
 //! has expired: the owner's entry then finds its slot holding something else and counts as
 //! missing, which is what an expired bucket is.
 //!
-//! What it buys and costs (`BENCHMARKS.md`): on one thread a hot key skips the hash, the
+//! What it buys and costs (`BENCHMARKS.md`): on one thread a hot key skips the map's hash, the
 //! shard's lock and the probe; on two threads a hot key's denials write no shared line at all
 //! and its admissions one (governor takes the shard's read lock and swaps the state: three
 //! atomic read-modify-writes per call). A slot stays with its key while the state in it lives,
 //! so two hot keys that share a slot do not evict each other: the second one takes the locked
-//! path. Every other call on a key of at most [`MAX_KEY`] bytes pays a slot read before the
-//! lock.
+//! path. Every other call on a key of at most [`MAX_KEY`] bytes pays the slot hash and a
+//! tag read before the lock (and the slot's read when the tag matches).
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
@@ -254,10 +256,10 @@ impl<'a> SlotKey<'a> {
     ///
     /// The slot is the top bits of the key's words combined and multiplied by an odd constant
     /// (Fibonacci hashing; the tag is the next eight bits): every byte counts, and a key of up
-    /// to 16 bytes costs two loads and one multiply. Keys that share a slot cannot both be lent (a slot compares the
-    /// whole key), so keys that differ in a few characters — `user:1041`, `user:1042` — must
-    /// spread: the length, last and middle bytes used before put the 90,000 keys
-    /// `bench:10000`…`bench:99999` in 10 slots.
+    /// to 16 bytes costs two loads and one multiply. Keys that share a slot cannot both be
+    /// lent (a slot compares the whole key), so keys that differ in a few characters —
+    /// `user:1041`, `user:1042` — must spread: the length, last and middle bytes used before
+    /// put the 90,000 keys `bench:10000`…`bench:99999` in 10 slots.
     #[inline]
     pub(crate) fn new(key: &'a [u8]) -> Option<Self> {
         let n = key.len();
