@@ -1,7 +1,7 @@
 //! `LocalStore` against governor's keyed limiter, in the same criterion run: one hot key and
 //! 100,000 keys (pre-built, visited round-robin, and in a skewed order: `…keys_zipf`), on one
-//! thread and on two threads sharing one limiter. Each group holds both limiters under the same scenario, so ratios within a group
-//! are what count on a noisy machine.
+//! thread and on two threads sharing one limiter. Each group holds both limiters under the
+//! same scenario, so ratios within a group are what count on a noisy machine.
 //!
 //! Policies are equivalent: a token bucket of capacity C refilled at R/s is governor's
 //! `Quota::per_second(R).allow_burst(C)` (GCRA is the same algorithm). Both use their default
@@ -159,8 +159,9 @@ fn zipf_visits(n: usize, s: f64, visits: usize) -> Arc<Vec<Key>> {
     )
 }
 
-/// Runs `limiter` over `keys` in order, cycling (round-robin over distinct keys) on `threads` threads; criterion's time per iteration
-/// is wall time per decision (the threads' decisions summed).
+/// Runs `limiter` over `keys` in order, cycling (round-robin over distinct keys), on `threads`
+/// threads; criterion's time per iteration is wall time per decision (the threads' decisions
+/// summed).
 fn bench<L: Limiter>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
@@ -170,7 +171,8 @@ fn bench<L: Limiter>(
 ) {
     let limiter = Arc::new(limiter);
     let n = keys.len();
-    // Touch every key once so the measurement sees resident state, not first inserts.
+    // Touch every key once (every visit, for a Zipf order) so the measurement sees resident
+    // state, not first inserts.
     for k in keys.iter() {
         black_box(limiter.check(k));
     }
