@@ -16,7 +16,7 @@ use tollgate_core::algorithm::{self, FixedWindowState, Record, State, TokenBucke
 use tollgate_core::algorithm::{fixed_window, token_bucket};
 use tollgate_core::{Algorithm, Decision, Policy, PolicyError, StoreError};
 
-use crate::lent::{HOT_US, Held};
+use crate::lent::{COLD_US, HOT_US, Held};
 
 /// Distinct (generation, parameters) pairs a store interns; buckets written under more are
 /// boxed.
@@ -297,7 +297,8 @@ impl Bucket {
     /// What the locked path would decide for `cost` at `now_us` on the bucket `p` stands for,
     /// and the state it would then hold if that changed (`None` when the decision writes
     /// nothing); `None` for a bucket the locked path must decide on (expired, or not decided
-    /// as it is: see [`Bucket::fast`]). Decides on a copy, by the same code.
+    /// as it is: see [`Bucket::fast`]) or that should go back to it (cold: [`COLD_US`]).
+    /// Decides on a copy, by the same code.
     #[inline]
     pub(crate) fn decide_on(
         p: Held,
@@ -311,6 +312,12 @@ impl Bucket {
             return None;
         }
         let d = copy.fast(table, policy, now_us, cost)?;
+        // An admission on a bucket not written for `COLD_US`: the locked path decides it again
+        // and keeps the bucket (a denial stays here: it writes nothing, so a bucket denied
+        // without end is cold by its time however often it is called).
+        if d.allowed && now_us > p.state.updated.saturating_add(COLD_US) {
+            return None;
+        }
         let after = copy.held()?;
         Some((d, (after != p).then_some(after)))
     }

@@ -34,7 +34,8 @@
 //! and its admissions one (governor takes the shard's read lock and swaps the state: three
 //! atomic read-modify-writes per call). A slot stays with its key while the state in it lives,
 //! so two hot keys that share a slot do not evict each other: the second one takes the locked
-//! path. Every other call on a key of at most [`MAX_KEY`] bytes pays the slot hash and a
+//! path; a lent bucket gone cold ([`COLD_US`]) is given back on its next call, freeing the
+//! slot. Every other call on a key of at most [`MAX_KEY`] bytes pays the slot hash and a
 //! tag read before the lock (and the slot's read when the tag matches).
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
@@ -50,6 +51,12 @@ pub(crate) const MAX_KEY: usize = KEY_WORDS * 8;
 /// A bucket written within this many microseconds before a call under the shard's lock is
 /// hot: that call lends it to its slot.
 pub(crate) const HOT_US: u64 = 100;
+/// A lent bucket not written for this many microseconds is cold: its next admission declines
+/// the slot, the locked path takes the bucket back and decides it (and keeps it unless it is
+/// dry), and the slot is free for a hotter key. Ten times [`HOT_US`], so that a key called at
+/// a steady rate is not lent and given back in turn. Denials stay in the slot: they write
+/// nothing, so a bucket denied without end is cold by its time however often it is called.
+pub(crate) const COLD_US: u64 = 10 * HOT_US;
 /// Attempts of a decision on a slot before the call takes the locked path: a claim lost to
 /// another call, or a slot seen being written, costs one.
 const ATTEMPTS: usize = 16;
@@ -823,6 +830,49 @@ mod tests {
         });
         assert!(store.lent.read(SlotKey::new(bytes).unwrap()).is_none());
         assert_eq!(store.acquire_now(&key, &policy, 1).unwrap().remaining, 99);
+    }
+
+    /// A lent bucket not written for [`COLD_US`] is given back on its next admission (and not
+    /// lent again while it is called this seldom), so that its slot can go to a hotter key; a
+    /// dry one stays lent however long its denials go on.
+    #[test]
+    fn a_cold_lent_bucket_gives_its_slot_back_and_a_dry_one_keeps_it() {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = LocalStore::builder().clock(clock.clone()).build();
+        let lent = |key: &Key| {
+            let k = SlotKey::new(key.as_str().as_bytes()).unwrap();
+            store.lent.read(k).is_some()
+        };
+        let generous = Policy::token_bucket(100, Rate::per_second(1)).unwrap();
+        let key = Key::new("cold", ["a"]).unwrap();
+        store.acquire_now(&key, &generous, 1).unwrap();
+        store.acquire_now(&key, &generous, 1).unwrap();
+        assert!(lent(&key), "hot: lent");
+        clock.advance(Duration::from_micros(COLD_US));
+        assert_eq!(store.acquire_now(&key, &generous, 1).unwrap().remaining, 97);
+        assert!(lent(&key), "not cold yet: decided in the slot");
+        clock.advance(Duration::from_micros(COLD_US + 1));
+        assert_eq!(store.acquire_now(&key, &generous, 1).unwrap().remaining, 96);
+        assert!(!lent(&key), "cold: given back and kept");
+        clock.advance(Duration::from_micros(COLD_US + 1));
+        assert_eq!(store.acquire_now(&key, &generous, 1).unwrap().remaining, 95);
+        assert!(!lent(&key), "called this seldom: not lent again");
+        // a dry bucket stays lent while denied, however long
+        let scarce = Policy::token_bucket(1, Rate::new(1, Duration::from_secs(3600))).unwrap();
+        let dry = Key::new("cold", ["b"]).unwrap();
+        assert!(store.acquire_now(&dry, &scarce, 1).unwrap().allowed);
+        assert!(lent(&dry), "dry: lent");
+        let slot = store
+            .lent
+            .slot(SlotKey::new(dry.as_str().as_bytes()).unwrap());
+        let seq = slot.seq.load(Ordering::Relaxed);
+        for _ in 0..3 {
+            clock.advance(Duration::from_millis(10));
+            assert!(!store.acquire_now(&dry, &scarce, 1).unwrap().allowed);
+        }
+        // decided in the slot, with no write: not taken back and lent again at each call
+        assert_eq!(slot.seq.load(Ordering::Relaxed), seq);
+        assert!(lent(&dry));
     }
 
     /// Admissions on a lent bucket racing the calls that take it back (a sweep takes every
