@@ -34,7 +34,7 @@
 //! and its admissions one (governor takes the shard's read lock and swaps the state: three
 //! atomic read-modify-writes per call). A slot stays with its key while the state in it lives,
 //! so two hot keys that share a slot do not evict each other: the second one takes the locked
-//! path; a lent bucket gone cold ([`COLD_US`]) is given back on its next call, freeing the
+//! path; a lent bucket gone cold ([`COLD_US`]) is given back on its next admission, freeing the
 //! slot. Every other call on a key of at most [`MAX_KEY`] bytes pays the slot hash and a
 //! tag read before the lock (and the slot's read when the tag matches).
 
