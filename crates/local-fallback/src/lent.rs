@@ -105,7 +105,7 @@ impl Slot {
         rem.is_empty()
             || words
                 .next()
-                .is_some_and(|w| w.load(Ordering::Relaxed) == tail_word(rem))
+                .is_some_and(|w| w.load(Ordering::Relaxed) == short_word(rem))
     }
 
     /// Writes `key`'s words (the slot claimed).
@@ -117,7 +117,7 @@ impl Slot {
         }
         let rem = chunks.remainder();
         if let (false, Some(word)) = (rem.is_empty(), words.next()) {
-            word.store(tail_word(rem), Ordering::Relaxed);
+            word.store(short_word(rem), Ordering::Relaxed);
         }
     }
 
@@ -210,30 +210,13 @@ fn full_word(chunk: &[u8]) -> u64 {
     u64::from_le_bytes(chunk.try_into().expect("8 bytes"))
 }
 
-/// The bytes of `rem` (fewer than 8) as one word, zero-padded.
-#[inline]
-fn tail_word(rem: &[u8]) -> u64 {
-    let (mut w, mut at) = (0, 0);
-    if rem.len() & 4 != 0 {
-        w = u64::from(u32::from_le_bytes(rem[..4].try_into().expect("4 bytes")));
-        at = 4;
-    }
-    if rem.len() & 2 != 0 {
-        let two = u16::from_le_bytes(rem[at..at + 2].try_into().expect("2 bytes"));
-        w |= u64::from(two) << (8 * at);
-        at += 2;
-    }
-    if rem.len() & 1 != 0 {
-        w |= u64::from(rem[at]) << (8 * at);
-    }
-    w
-}
-
 /// Fibonacci hashing's multiplier (2^64 / the golden ratio, odd).
 const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// A key of 1 to 7 bytes as one word: its first and last four bytes (overlapping), or for
-/// 1 to 3 bytes its first, middle and last.
+/// 1 to 7 bytes as one word: their first and last four (overlapping), or for 1 to 3 bytes
+/// their first, middle and last. For a given length the word tells the bytes apart (every
+/// byte is in it), which is all a slot needs of it: a slot compares the key's length before
+/// its words. The tail of a key after its whole words, and the slot hash of a short key.
 #[inline]
 fn short_word(key: &[u8]) -> u64 {
     let n = key.len();
