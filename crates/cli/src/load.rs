@@ -173,8 +173,8 @@ impl Probe {
                 tally.add(&limiter.check_key(&keys[0], cost).await?);
             }
             Self::Check(limiter) => {
-                for d in &limiter.check_many(keys, cost).await? {
-                    tally.add(d);
+                for d in limiter.check_many(keys, cost).await? {
+                    tally.add(&d?);
                 }
             }
             Self::Ping(conn) => {

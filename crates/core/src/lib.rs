@@ -31,7 +31,7 @@ pub use policy::{
     Rate, SlidingLog, TokenBucket, Transition,
 };
 pub use spec::SpecError;
-pub use store::{Acquire, ErrorClass, Store, StoreError};
+pub use store::{Acquire, Batch, ErrorClass, Store, StoreError};
 
 /// Microseconds in one second.
 pub const MICROS_PER_SEC: u64 = 1_000_000;

@@ -17,6 +17,9 @@ pub struct Acquire<'a> {
     pub cost: u64,
 }
 
+/// The results of [`Store::acquire_many`]: one per request, in order.
+pub type Batch = Vec<Result<Decision, StoreError>>;
+
 /// The class of a store error, which decides what a limiter does about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -24,9 +27,14 @@ pub enum ErrorClass {
     /// The request itself was invalid; nothing was written. A caller bug or hostile input.
     Invalid,
     /// The store could not be reached or cannot serve writes now (connect, I/O, timeout,
-    /// LOADING, MASTERDOWN, READONLY, CLUSTERDOWN, TRYAGAIN, local capacity). The operation's
-    /// failure mode applies.
+    /// LOADING, MASTERDOWN, READONLY, CLUSTERDOWN, TRYAGAIN). The operation's failure mode
+    /// applies, and a limiter's circuit breaker counts it.
     Unavailable,
+    /// The store is healthy but cannot hold one more key now (a local store at its key cap).
+    /// Only the request for the new key is affected: keys already held are decided as usual,
+    /// so a limiter applies its failure mode to that request alone and its circuit breaker does
+    /// not count it (a flood of new keys must not switch limiting off for every key).
+    Capacity,
     /// The store is busy running another script (BUSY). The failure mode applies.
     Busy,
     /// The store answered with an error the limiter did not expect: a bug, reported loudly.
@@ -40,6 +48,7 @@ impl ErrorClass {
             Self::Invalid => "invalid",
             Self::Unavailable => "unavailable",
             Self::Busy => "busy",
+            Self::Capacity => "capacity",
             Self::Script => "script",
         }
     }
@@ -97,9 +106,8 @@ impl StoreError {
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::InvalidPolicy(_) | Self::InvalidKey(_) => ErrorClass::Invalid,
-            Self::Unavailable { .. } | Self::Timeout(_) | Self::KeyCapReached { .. } => {
-                ErrorClass::Unavailable
-            }
+            Self::Unavailable { .. } | Self::Timeout(_) => ErrorClass::Unavailable,
+            Self::KeyCapReached { .. } => ErrorClass::Capacity,
             Self::Busy(_) => ErrorClass::Busy,
             Self::Script(_) => ErrorClass::Script,
         }
@@ -127,16 +135,22 @@ pub trait Store: Send + Sync {
     /// Applies `cost` to `key` under `policy` and returns the decision.
     async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
 
-    /// Applies each request in order, each atomically, returning one decision per request.
-    /// Stores that can should do this in one round trip. If any request is invalid, nothing is
-    /// applied.
-    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+    /// Applies each request in order, each atomically, returning one result per request, in
+    /// order. Stores that can should do this in one round trip.
+    ///
+    /// The outer error is for the batch as a whole: if any request is invalid, nothing is
+    /// applied and that request's error is returned; if the store could not be reached at all,
+    /// its unavailability is returned. Otherwise each request has its own result: the store may
+    /// decide some and fail others (a Redis Cluster shard down, a local store at its key cap
+    /// for a new key), and the decisions it made — the allowance they consumed — are never
+    /// discarded because a neighbour failed.
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         for r in requests {
             r.policy.check_cost(r.cost)?;
         }
         let mut out = Vec::with_capacity(requests.len());
         for r in requests {
-            out.push(self.acquire(r.key, r.policy, r.cost).await?);
+            out.push(self.acquire(r.key, r.policy, r.cost).await);
         }
         Ok(out)
     }

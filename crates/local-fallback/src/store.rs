@@ -9,7 +9,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tollgate_core::algorithm;
 use tollgate_core::{
-    Acquire, Algorithm, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError,
+    Acquire, Algorithm, Batch, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError,
 };
 
 use crate::bucket::{Bucket, ParamsTable};
@@ -418,18 +418,19 @@ impl<C: Clock> LocalStore<C> {
         removed
     }
 
-    /// Applies each request in order, each atomically; if any request is invalid nothing is
-    /// applied. The synchronous form of [`Store::acquire_many`].
+    /// Applies each request in order, each atomically, with one result per request; if any
+    /// request is invalid nothing is applied. The synchronous form of [`Store::acquire_many`].
     ///
-    /// A [`StoreError::KeyCapReached`] part-way leaves the requests before it applied.
-    pub fn acquire_many_now(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+    /// A request for a new key when the store is at its cap gets
+    /// [`StoreError::KeyCapReached`]; the requests around it are decided as usual.
+    pub fn acquire_many_now(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         for r in requests {
             r.policy.check_cost(r.cost)?;
         }
-        requests
+        Ok(requests
             .iter()
             .map(|r| self.acquire_now(r.key, r.policy, r.cost))
-            .collect()
+            .collect())
     }
 
     /// Removes every expired bucket now and returns how many were removed. Runs by itself every
@@ -556,7 +557,7 @@ impl<C: Clock> Store for LocalStore<C> {
         self.acquire_now(key, policy, cost)
     }
 
-    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         self.acquire_many_now(requests)
     }
 

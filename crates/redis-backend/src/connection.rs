@@ -51,17 +51,25 @@ impl Conn {
     /// Sends a pipeline in one round trip (on a cluster: one round trip per node). Error
     /// replies stay in place as [`Value::ServerError`], so the caller sees which commands
     /// failed.
-    pub(crate) async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+    /// Sends `pipe` (`count` commands) and returns one reply per command, an error reply as
+    /// `Err`. The outer error means no reply came back at all (the connection failed). On a
+    /// cluster each command goes to its own node, so some may fail while others are answered.
+    pub(crate) async fn pipeline(
+        &self,
+        pipe: &Pipeline,
+        count: usize,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
         // Boxed as in `command`.
-        match self {
+        let replies = match self {
             Self::Multiplexed(m) => m.clone().req_packed_commands(pipe, 0, count).await,
             Self::Pool(pool) => {
                 Box::pin(pool.send(async |conn| conn.req_packed_commands(pipe, 0, count).await))
                     .await
             }
             Self::Sentinel(s) => Box::pin(s.pipeline(pipe, count)).await,
-            Self::Cluster(c) => Box::pin(cluster_pipeline(c, pipe)).await,
-        }
+            Self::Cluster(c) => return Ok(Box::pin(cluster_pipeline(c, pipe)).await),
+        }?;
+        Ok(replies.into_iter().map(Value::extract_error).collect())
     }
 
     pub(crate) fn kind(&self) -> &'static str {
@@ -502,10 +510,11 @@ fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
 /// the others twice. Plain error replies (`NOSCRIPT`, a script error) stay in place; a
 /// connection failure, or a cluster state that outlasts the redirections (`CLUSTERDOWN`,
 /// `TRYAGAIN`), fails the batch.
-async fn cluster_pipeline(cluster: &ClusterConnection, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+async fn cluster_pipeline(cluster: &ClusterConnection, pipe: &Pipeline) -> Vec<RedisResult<Value>> {
     let calls = pipe.cmd_iter().map(|cmd| cluster_command(cluster, cmd));
     futures_util::future::join_all(calls)
         .await
         .into_iter()
+        .map(|reply| reply.and_then(Value::extract_error))
         .collect()
 }

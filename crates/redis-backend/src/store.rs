@@ -8,7 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::FutureExt as _;
 use redis::{Pipeline, RedisError, Value};
-use tollgate_core::{Acquire, Decision, Key, MAX_EXACT, Policy, PolicyError, Store, StoreError};
+use tollgate_core::{
+    Acquire, Batch, Decision, Key, MAX_EXACT, Policy, PolicyError, Store, StoreError,
+};
 
 use crate::builder::RedisStoreBuilder;
 use crate::connection::Conn;
@@ -127,19 +129,13 @@ impl RedisStore {
             .await
             .map_err(|e| classify(&e))?;
         for (reply, script) in replies.into_iter().zip(scripts::all()) {
-            match reply {
+            match reply.map_err(|e| classify(&e))? {
                 Value::BulkString(sha) if sha == script.sha().as_bytes() => {}
-                other => {
-                    let err = other.extract_error().err();
-                    return Err(err.map_or_else(
-                        || {
-                            StoreError::Script(format!(
-                                "SCRIPT LOAD of {} returned another SHA",
-                                script.name()
-                            ))
-                        },
-                        |e| classify(&e),
-                    ));
+                _ => {
+                    return Err(StoreError::Script(format!(
+                        "SCRIPT LOAD of {} returned another SHA",
+                        script.name()
+                    )));
                 }
             }
         }
@@ -190,7 +186,7 @@ impl RedisStore {
         .await
     }
 
-    async fn invoke_many(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn invoke_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         let invs: Vec<Invocation<'_>> = requests
             .iter()
             .map(|r| Invocation::new(&self.inner.prefix, r.key.as_str(), r.policy, r.cost, true))
@@ -214,38 +210,41 @@ impl RedisStore {
         }
         // Only the commands refused with NOSCRIPT did not run; resend exactly those, with source.
         let missing: Vec<usize> = (0..replies.len())
-            .filter(|&i| is_noscript_reply(&replies[i]))
+            .filter(|&i| matches!(&replies[i], Err(e) if is_noscript(e)))
             .collect();
         if !missing.is_empty() {
             let mut retry = Pipeline::with_capacity(missing.len());
             for &i in &missing {
                 retry.add_command(invs[i].cmd(Call::Eval));
             }
-            let again = self
-                .inner
-                .conn
-                .pipeline(&retry, missing.len())
-                .await
-                .map_err(|e| classify(&e))?;
-            if again.len() != missing.len() {
-                return Err(StoreError::Script(
-                    "NOSCRIPT retry returned the wrong number of replies".into(),
-                ));
-            }
-            for (i, reply) in missing.into_iter().zip(again) {
-                replies[i] = reply;
+            match self.inner.conn.pipeline(&retry, missing.len()).await {
+                Ok(again) if again.len() == missing.len() => {
+                    for (i, reply) in missing.into_iter().zip(again) {
+                        replies[i] = reply;
+                    }
+                }
+                // The resent requests fail; the ones already decided keep their decisions.
+                Ok(_) => {
+                    for i in missing {
+                        replies[i] = Err(RedisError::from((
+                            redis::ErrorKind::Parse,
+                            "NOSCRIPT retry returned the wrong number of replies",
+                        )));
+                    }
+                }
+                Err(e) => {
+                    for i in missing {
+                        replies[i] = Err(e.clone());
+                    }
+                }
             }
         }
-        replies
+        Ok(replies
             .into_iter()
             .zip(&invs)
-            .map(|(reply, inv)| decision(reply.extract_error(), inv.cost, inv.limit))
-            .collect()
+            .map(|(reply, inv)| decision(reply, inv.cost, inv.limit))
+            .collect())
     }
-}
-
-fn is_noscript_reply(v: &Value) -> bool {
-    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
 /// Turns a script's reply ([`scripts::reply`]: allowed, remaining, retry_after_us,
@@ -298,7 +297,7 @@ impl Store for RedisStore {
     /// atomic on its own, in order). Nothing is sent if any request is invalid. If the server
     /// lost the scripts, the requests it refused with NOSCRIPT — and only those — are resent.
     /// An error in any request fails the batch, although the other requests were applied.
-    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         for r in requests {
             r.policy.check_cost(r.cost)?;
         }

@@ -120,7 +120,8 @@ async fn exercise(store: &RedisStore, server: &RedisServer) {
                 cost: 3,
             },
         ];
-        let ds = store.acquire_many(&batch).await.unwrap();
+        let ds: Vec<_> = store.acquire_many(&batch).await.unwrap();
+        let ds: Vec<_> = ds.into_iter().map(Result::unwrap).collect();
         assert_eq!((ds[0].remaining, ds[1].remaining), (0, 0), "{p}");
         store.reset(&k, p).await.unwrap();
         assert_eq!(store.peek(&k, p, 1).await.unwrap().remaining, 2, "{p}");
@@ -128,7 +129,8 @@ async fn exercise(store: &RedisStore, server: &RedisServer) {
         server.script_flush();
         assert!(store.acquire(&k, p, 3).await.unwrap().allowed, "{p}");
         server.script_flush();
-        let ds = store.acquire_many(&batch).await.unwrap();
+        let ds: Vec<_> = store.acquire_many(&batch).await.unwrap();
+        let ds: Vec<_> = ds.into_iter().map(Result::unwrap).collect();
         assert!(!ds[0].allowed && !ds[1].allowed, "{p}: {ds:?}");
         store.reset(&k, p).await.unwrap();
         store.reset(&other, p).await.unwrap();
@@ -224,7 +226,8 @@ async fn a_missing_right_is_a_loud_store_error_not_a_failure_mode_switch() {
             policy: &p,
             cost: 1,
         }];
-        let err = store.acquire_many(&batch).await.unwrap_err();
+        let mut results = store.acquire_many(&batch).await.unwrap();
+        let err = results.remove(0).unwrap_err();
         assert_eq!(err.class(), ErrorClass::Script, "{label} (batch): {err}");
 
         for mode in [FailureMode::Open, FailureMode::degraded(2)] {
@@ -240,8 +243,12 @@ async fn a_missing_right_is_a_loud_store_error_not_a_failure_mode_switch() {
                     other => panic!("{label}, {mode_name}: expected Error::Store, got {other:?}"),
                 }
             }
-            match limiter.check_many(std::slice::from_ref(&k), 1).await {
-                Err(Error::Store(e)) => assert_eq!(e.class(), ErrorClass::Script),
+            match limiter
+                .check_many(std::slice::from_ref(&k), 1)
+                .await
+                .map(|mut r| r.remove(0))
+            {
+                Ok(Err(Error::Store(e))) => assert_eq!(e.class(), ErrorClass::Script),
                 other => {
                     panic!("{label}, {mode_name} (batch): expected Error::Store, got {other:?}")
                 }

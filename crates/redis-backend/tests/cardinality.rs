@@ -91,7 +91,11 @@ async fn write_keys(
                     })
                     .collect();
                 let decisions = store.acquire_many(&requests).await.unwrap();
-                assert!(decisions.iter().all(|d| d.allowed && d.remaining == 9));
+                assert!(
+                    decisions
+                        .iter()
+                        .all(|d| d.as_ref().is_ok_and(|d| d.allowed && d.remaining == 9))
+                );
             }));
         }
         for t in tasks {

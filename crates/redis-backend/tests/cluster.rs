@@ -190,7 +190,8 @@ async fn a_batch_spanning_every_primary_is_decided_in_order() {
         .collect();
     let decisions = store.acquire_many(&requests).await.unwrap();
     assert_eq!(decisions.len(), 24);
-    for (i, d) in decisions.iter().enumerate() {
+    for (i, d) in decisions.into_iter().enumerate() {
+        let d = d.unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(d.allowed, i < 12, "request {i}: {d:?}");
         assert_eq!(d.remaining, 1, "request {i}");
     }
@@ -199,7 +200,12 @@ async fn a_batch_spanning_every_primary_is_decided_in_order() {
         node.script_flush();
     }
     let decisions = store.acquire_many(&requests[..12]).await.unwrap();
-    assert!(decisions.iter().all(|d| !d.allowed && d.remaining == 1));
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.as_ref().is_ok_and(|d| !d.allowed && d.remaining == 1)),
+        "{decisions:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -757,7 +757,11 @@ pub async fn acquire_many_returns_one_decision_per_request_in_order<H: Harness>(
         .store()
         .acquire_many(&requests)
         .await
-        .unwrap_or_else(|e| panic!("acquire_many failed: {e}"));
+        .unwrap_or_else(|e| panic!("acquire_many failed: {e}"))
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.unwrap_or_else(|e| panic!("acquire_many request {i} failed: {e}")))
+        .collect::<Vec<_>>();
     assert_eq!(got.len(), requests.len(), "one decision per request");
     check("batch[0] tb cost 3", &tbp, &got[0], allowed(2, 3 * SEC));
     check("batch[1] tb cost 3", &tbp, &got[1], denied(2, SEC, 3 * SEC));

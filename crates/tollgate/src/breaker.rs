@@ -139,6 +139,23 @@ impl Breaker {
         None
     }
 
+    /// Gives back a probe that ended without an outcome (the probing call's future was
+    /// dropped: its client went away, or an outer timeout fired). The breaker opens again with
+    /// its probe due at once, so the next caller probes; otherwise it would stay half-open with
+    /// nobody probing, and every call would take the failure mode for the process's life.
+    pub(crate) fn abandon_probe(&self) -> Transition {
+        self.reopen_at.store(self.now(), Ordering::Release);
+        self.state
+            .compare_exchange(2, 1, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| (BreakerState::HalfOpen, BreakerState::Open))
+    }
+
+    /// The configured probe interval.
+    pub(crate) fn probe_interval(&self) -> Duration {
+        self.config.probe_interval
+    }
+
     /// Records an unavailable/busy result.
     pub(crate) fn on_failure(&self, permit: Permit) -> Transition {
         let open = |from| {
@@ -192,6 +209,23 @@ mod tests {
             Some((BreakerState::HalfOpen, BreakerState::Closed))
         );
         assert_eq!(b.permit().0, Permit::Call);
+    }
+
+    #[test]
+    fn an_abandoned_probe_lets_the_next_caller_probe() {
+        let b = Breaker::new(BreakerConfig {
+            failure_threshold: 1,
+            probe_interval: Duration::from_secs(3600),
+        });
+        b.on_failure(Permit::Call);
+        b.reopen_at.store(0, Ordering::Release); // the interval has passed
+        assert_eq!(b.permit().0, Permit::Probe);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert_eq!(
+            b.abandon_probe(),
+            Some((BreakerState::HalfOpen, BreakerState::Open))
+        );
+        assert_eq!(b.permit().0, Permit::Probe, "not another hour of skipping");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! *sent*, which is no later than when the store decided, so the cache never denies longer than
 //! the store would have.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -26,6 +27,9 @@ struct Entry {
 pub(crate) struct DenyCache {
     entries: DashMap<Key, Entry, foldhash::fast::RandomState>,
     max_entries: usize,
+    /// Bumped by every [`DenyCache::remove`] (a reset), before the entry goes: a denial decided
+    /// before the reset but answered after it must not be cached again.
+    epoch: AtomicU64,
 }
 
 impl DenyCache {
@@ -33,7 +37,13 @@ impl DenyCache {
         Self {
             entries: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             max_entries,
+            epoch: AtomicU64::new(0),
         }
+    }
+
+    /// The epoch to pass to [`DenyCache::insert`]: read before the store is called.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
     }
 
     /// A denial for `cost` on `key`, if one is cached and still in force at `now`.
@@ -66,14 +76,16 @@ impl DenyCache {
         hit
     }
 
-    /// Remembers a shared denial of `cost` on `key` for a request sent at `sent`.
+    /// Remembers a shared denial of `cost` on `key` for a request sent at `sent`, when the
+    /// epoch read before sending ([`DenyCache::epoch`]) is still current: no reset happened
+    /// while the request was in flight.
     pub(crate) fn insert(
         &self,
         key: &Key,
         policy: &Policy,
         cost: u64,
         decision: &Decision,
-        sent: Instant,
+        (sent, epoch): (Instant, u64),
     ) {
         let Some(retry) = decision.retry_after else {
             return;
@@ -97,7 +109,13 @@ impl DenyCache {
             remaining: decision.remaining,
             reset_until: sent + decision.reset_after,
         };
-        match self.entries.entry(key.clone()) {
+        let slot = self.entries.entry(key.clone());
+        // Checked under the entry's lock: a reset bumps the epoch before it takes that lock to
+        // remove the entry, so either this sees the bump or the reset removes what this writes.
+        if self.epoch.load(Ordering::SeqCst) != epoch {
+            return;
+        }
+        match slot {
             dashmap::Entry::Occupied(mut o) => {
                 // A smaller denied cost covers more requests; keep the one that covers most.
                 if o.get().until <= entry.until || entry.min_cost <= o.get().min_cost {
@@ -110,7 +128,9 @@ impl DenyCache {
         }
     }
 
+    /// Forgets `key`'s denial, and any denial of it still in flight (see `epoch`).
     pub(crate) fn remove(&self, key: &Key) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         self.entries.remove(key);
     }
 
@@ -142,7 +162,7 @@ mod tests {
         let key = Key::new("op", ["k"]).unwrap();
         let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
         let t0 = Instant::now();
-        cache.insert(&key, &p, 3, &denial(500), t0);
+        cache.insert(&key, &p, 3, &denial(500), (t0, 0));
         let hit = cache
             .lookup(&key, &p, 3, t0 + Duration::from_millis(100))
             .unwrap();
@@ -169,11 +189,25 @@ mod tests {
         let key = Key::new("op", ["k"]).unwrap();
         let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
         let t0 = Instant::now();
-        cache.insert(&key, &p, 1, &denial(500), t0);
+        cache.insert(&key, &p, 1, &denial(500), (t0, 0));
         assert!(cache.lookup(&key, &p.with_generation(1), 1, t0).is_none());
         let bigger = Policy::token_bucket(20, Rate::per_second(1)).unwrap();
-        cache.insert(&key, &p, 1, &denial(500), t0);
+        cache.insert(&key, &p, 1, &denial(500), (t0, 0));
         assert!(cache.lookup(&key, &bigger, 1, t0).is_none());
+    }
+
+    #[test]
+    fn a_denial_decided_before_a_reset_is_not_cached_after_it() {
+        let cache = DenyCache::new(100);
+        let key = Key::new("op", ["k"]).unwrap();
+        let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+        let t0 = Instant::now();
+        let before = cache.epoch();
+        cache.remove(&key); // the reset lands while the denied request is in flight
+        cache.insert(&key, &p, 1, &denial(500), (t0, before));
+        assert!(cache.lookup(&key, &p, 1, t0).is_none());
+        cache.insert(&key, &p, 1, &denial(500), (t0, cache.epoch()));
+        assert!(cache.lookup(&key, &p, 1, t0).is_some(), "a later denial is");
     }
 
     #[test]
@@ -187,7 +221,7 @@ mod tests {
                 &p,
                 1,
                 &denial(500),
-                t0,
+                (t0, 0),
             );
         }
         assert_eq!(cache.len(), 2);

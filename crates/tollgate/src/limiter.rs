@@ -205,7 +205,19 @@ impl Active {
         let degraded = match failure_mode {
             FailureMode::Degraded {
                 expected_instances, ..
-            } => Some(scale_down(&policy, u64::from((*expected_instances).max(1)))),
+            } => {
+                let n = u64::from((*expected_instances).max(1));
+                let scaled = scale_down(&policy, n);
+                if scaled.is_none() {
+                    tracing::warn!(
+                        policy = %policy.to_spec(),
+                        expected_instances = n,
+                        "cannot divide this policy by the expected instances; degraded \
+                         enforcement uses the whole quota on each instance"
+                    );
+                }
+                scaled
+            }
             _ => None,
         };
         Self {
@@ -296,125 +308,177 @@ impl Limiter {
         I: IntoIterator<Item = P>,
         P: AsRef<[u8]>,
     {
-        let key = self.key(parts)?;
-        self.check_key(&key, cost).await
+        match self.key(parts) {
+            Ok(key) => self.check_key(&key, cost).await,
+            Err(e) => {
+                let outcome = Err(e);
+                self.inner.meters.record(&outcome, Instant::now());
+                outcome
+            }
+        }
     }
 
     /// Applies `cost` to `key`. Invalid input is refused before the store is touched. When the
-    /// store is unavailable or busy (or the circuit breaker is open), the failure mode decides.
+    /// store is unavailable or busy (or the circuit breaker is open), the failure mode decides;
+    /// it decides too when a store at its key cap cannot hold `key` as a new key
+    /// ([`ErrorClass::Capacity`]: only that request is affected, and the breaker does not count
+    /// it).
     pub async fn check_key(&self, key: &Key, cost: u64) -> Result<Decision, Error> {
-        let inner = &*self.inner;
-        let policy = self.policy();
-        policy.check_cost(cost)?;
         let started = Instant::now();
-        if let Some(cache) = &inner.deny_cache
-            && let Some(decision) = cache.lookup(key, policy, cost, started)
-        {
-            let outcome = Ok(decision);
-            inner.meters.record(&outcome, started);
-            return outcome;
-        }
-        let (permit, transition) = inner.breaker.permit();
-        self.report(transition);
-        let outcome = if permit == Permit::Skip {
-            let error = StoreError::Unavailable {
-                message: "circuit breaker open; store not called".into(),
-                source: None,
-            };
-            self.apply_failure_mode(key, cost, &error)
-                .map_err(|()| Error::Unavailable {
-                    operation: inner.operation.clone(),
-                    source: error,
-                })
-        } else {
-            let call = inner.store.acquire(key, policy, cost);
-            let result = match tokio::time::timeout(inner.timeout, call).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(inner.timeout)),
-            };
-            match result {
-                Ok(decision) => {
-                    self.report(inner.breaker.on_success(permit));
-                    if !decision.allowed
-                        && let Some(cache) = &inner.deny_cache
-                    {
-                        cache.insert(key, policy, cost, &decision, started);
-                    }
-                    Ok(decision)
-                }
-                Err(e) => self.on_store_error(key, cost, permit, e),
-            }
-        };
-        inner.meters.record(&outcome, started);
+        let outcome = self.decide(key, cost, started).await;
+        self.inner.meters.record(&outcome, started);
         outcome
     }
 
-    /// Applies `cost` to each of `keys` (each atomically, in order), in one round trip where the
-    /// store can batch (Redis pipelines the scripts). Failure handling is as for
-    /// [`Limiter::check_key`], applied to every key of the batch; under
-    /// [`FailureMode::Closed`] an unavailable store fails the whole batch.
-    pub async fn check_many(&self, keys: &[Key], cost: u64) -> Result<Vec<Decision>, Error> {
+    async fn decide(&self, key: &Key, cost: u64, started: Instant) -> Result<Decision, Error> {
         let inner = &*self.inner;
         let policy = self.policy();
         policy.check_cost(cost)?;
-        let started = Instant::now();
+        if let Some(cache) = &inner.deny_cache
+            && let Some(decision) = cache.lookup(key, policy, cost, started)
+        {
+            return Ok(decision);
+        }
         let (permit, transition) = inner.breaker.permit();
         self.report(transition);
-        let error = if permit == Permit::Skip {
-            StoreError::Unavailable {
-                message: "circuit breaker open; store not called".into(),
-                source: None,
+        if permit == Permit::Skip {
+            return self.fail_over(key, cost, breaker_open());
+        }
+        let ticket = Ticket::new(self, permit);
+        let epoch = inner.deny_cache.as_ref().map(DenyCache::epoch);
+        let call = inner.store.acquire(key, policy, cost);
+        let result = match tokio::time::timeout(inner.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(inner.timeout)),
+        };
+        match result {
+            Ok(decision) => {
+                ticket.settle(true);
+                if !decision.allowed
+                    && let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch)
+                {
+                    cache.insert(key, policy, cost, &decision, (started, epoch));
+                }
+                Ok(decision)
             }
+            Err(e) => {
+                ticket.settle(!is_outage(e.class()));
+                self.on_store_error(key, cost, e)
+            }
+        }
+    }
+
+    /// Applies `cost` to each of `keys` (each atomically, in order), in one round trip where the
+    /// store can batch (Redis pipelines the scripts). Returns one result per key, in order, each
+    /// as [`Limiter::check_key`] would have returned it: a request the store could not decide
+    /// takes the failure mode on its own, and the decisions the store did make are kept (the
+    /// allowance they consumed is spent). The outer error is for invalid input (a cost above
+    /// the limit, refused before anything is written) or a store error that is a bug.
+    pub async fn check_many(
+        &self,
+        keys: &[Key],
+        cost: u64,
+    ) -> Result<Vec<Result<Decision, Error>>, Error> {
+        let inner = &*self.inner;
+        let started = Instant::now();
+        let policy = self.policy();
+        if let Err(e) = policy.check_cost(cost) {
+            return Err(self.refuse_batch(keys.len(), Error::from(e), started));
+        }
+        let (permit, transition) = inner.breaker.permit();
+        self.report(transition);
+        let results: Vec<Result<Decision, StoreError>> = if permit == Permit::Skip {
+            keys.iter().map(|_| Err(breaker_open())).collect()
         } else {
+            let ticket = Ticket::new(self, permit);
             let requests: Vec<Acquire<'_>> = keys
                 .iter()
                 .map(|key| Acquire { key, policy, cost })
                 .collect();
             let call = inner.store.acquire_many(&requests);
-            match tokio::time::timeout(inner.timeout, call).await {
-                Ok(Ok(decisions)) => {
-                    self.report(inner.breaker.on_success(permit));
-                    for d in &decisions {
-                        inner.meters.record(&Ok(d.clone()), started);
-                    }
-                    return Ok(decisions);
+            let batch = match tokio::time::timeout(inner.timeout, call).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(inner.timeout)),
+            };
+            match batch {
+                Ok(results) => {
+                    // One answer is enough to show the store is there.
+                    let answered = results
+                        .iter()
+                        .any(|r| r.as_ref().map_or_else(|e| !is_outage(e.class()), |_| true));
+                    ticket.settle(answered || results.is_empty());
+                    results
                 }
-                Ok(Err(e)) => e,
-                Err(_) => StoreError::Timeout(inner.timeout),
+                Err(e) => {
+                    let class = e.class();
+                    ticket.settle(!is_outage(class));
+                    inner.meters.store_error(class);
+                    let error = match class {
+                        ErrorClass::Invalid => Error::Invalid(e),
+                        ErrorClass::Unavailable | ErrorClass::Busy => {
+                            self.warn_outage(class, &e, keys.len());
+                            return Ok(keys
+                                .iter()
+                                .map(|key| {
+                                    let outcome = self.fail_over(key, cost, same_class(&e));
+                                    inner.meters.record(&outcome, started);
+                                    outcome
+                                })
+                                .collect());
+                        }
+                        _ => {
+                            tracing::error!(operation = %inner.operation, error = %e, "rate limiter store error (bug)");
+                            Error::Store(e)
+                        }
+                    };
+                    return Err(self.refuse_batch(keys.len(), error, started));
+                }
             }
         };
-        let class = error.class();
-        if !matches!(class, ErrorClass::Unavailable | ErrorClass::Busy) {
-            self.report(inner.breaker.on_success(permit));
-            return Err(if class == ErrorClass::Invalid {
-                Error::Invalid(error)
-            } else {
-                Error::Store(error)
-            });
-        }
-        if permit != Permit::Skip {
-            self.report(inner.breaker.on_failure(permit));
-        }
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            match self.apply_failure_mode(key, cost, &error) {
-                Ok(d) => {
-                    inner.meters.record(&Ok(d.clone()), started);
-                    out.push(d);
-                }
-                Err(()) => {
-                    return Err(Error::Unavailable {
-                        operation: inner.operation.clone(),
-                        source: error,
-                    });
-                }
-            }
+        let mut failed = None;
+        let out = keys
+            .iter()
+            .zip(results)
+            .map(|(key, result)| {
+                let outcome = match result {
+                    Ok(d) => Ok(d),
+                    Err(e) if permit == Permit::Skip => self.fail_over(key, cost, e),
+                    Err(e) => {
+                        let class = e.class();
+                        inner.meters.store_error(class);
+                        if is_outage(class) || class == ErrorClass::Capacity {
+                            let n = failed.get_or_insert((class, e.to_string(), 0));
+                            n.2 += 1;
+                            self.fail_over(key, cost, e)
+                        } else {
+                            self.classify(key, e)
+                        }
+                    }
+                };
+                inner.meters.record(&outcome, started);
+                outcome
+            })
+            .collect();
+        if let Some((class, error, n)) = failed {
+            self.warn_outage(class, &error, n);
         }
         Ok(out)
     }
 
-    /// Forgets the bucket identified by `parts` in the store (and any cached denial of it):
-    /// the next check sees a fresh bucket.
+    /// Records `n` requests refused by `error` and returns it.
+    fn refuse_batch(&self, n: usize, error: Error, started: Instant) -> Error {
+        let outcome = Err(error);
+        for _ in 0..n {
+            self.inner.meters.record(&outcome, started);
+        }
+        match outcome {
+            Err(e) => e,
+            Ok(_) => unreachable!(),
+        }
+    }
+
+    /// Forgets the bucket identified by `parts` in the store (and any cached denial of it, or
+    /// one in flight): the next check sees a fresh bucket.
     pub async fn reset<I, P>(&self, parts: I) -> Result<(), Error>
     where
         I: IntoIterator<Item = P>,
@@ -429,12 +493,10 @@ impl Limiter {
         match tokio::time::timeout(inner.timeout, call).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) if e.class() == ErrorClass::Invalid => Err(Error::Invalid(e)),
-            Ok(Err(e)) if matches!(e.class(), ErrorClass::Unavailable | ErrorClass::Busy) => {
-                Err(Error::Unavailable {
-                    operation: inner.operation.clone(),
-                    source: e,
-                })
-            }
+            Ok(Err(e)) if is_outage(e.class()) => Err(Error::Unavailable {
+                operation: inner.operation.clone(),
+                source: e,
+            }),
             Ok(Err(e)) => Err(Error::Store(e)),
             Err(_) => Err(Error::Unavailable {
                 operation: inner.operation.clone(),
@@ -462,42 +524,55 @@ impl Limiter {
         }
     }
 
-    fn on_store_error(
-        &self,
-        key: &Key,
-        cost: u64,
-        permit: Permit,
-        error: StoreError,
-    ) -> Result<Decision, Error> {
+    fn warn_outage(&self, class: ErrorClass, error: &dyn std::fmt::Display, requests: usize) {
         let inner = &*self.inner;
-        let class = error.class();
-        inner.meters.store_error(class);
-        match class {
-            ErrorClass::Unavailable | ErrorClass::Busy => {
-                self.report(inner.breaker.on_failure(permit));
-                tracing::warn!(
-                    operation = %inner.operation,
-                    mode = inner.failure_mode.as_str(),
-                    class = class.as_str(),
-                    error = %error,
-                    "rate limiter store unavailable; applying failure mode"
-                );
-                self.apply_failure_mode(key, cost, &error)
-                    .map_err(|()| Error::Unavailable {
-                        operation: inner.operation.clone(),
-                        source: error,
-                    })
-            }
-            ErrorClass::Invalid => {
-                self.report(inner.breaker.on_success(permit));
-                Err(Error::Invalid(error))
-            }
-            _ => {
-                self.report(inner.breaker.on_success(permit));
-                tracing::error!(operation = %inner.operation, %key, error = %error, "rate limiter store error (bug)");
-                Err(Error::Store(error))
-            }
+        if class == ErrorClass::Capacity {
+            tracing::warn!(
+                operation = %inner.operation,
+                mode = inner.failure_mode.as_str(),
+                requests,
+                error = %error,
+                "rate limiter store cannot hold a new key; applying failure mode to it alone"
+            );
+        } else {
+            tracing::warn!(
+                operation = %inner.operation,
+                mode = inner.failure_mode.as_str(),
+                class = class.as_str(),
+                requests,
+                error = %error,
+                "rate limiter store unavailable; applying failure mode"
+            );
         }
+    }
+
+    /// The answer to a store error (the breaker already settled).
+    fn on_store_error(&self, key: &Key, cost: u64, error: StoreError) -> Result<Decision, Error> {
+        let class = error.class();
+        self.inner.meters.store_error(class);
+        if is_outage(class) || class == ErrorClass::Capacity {
+            self.warn_outage(class, &error, 1);
+            return self.fail_over(key, cost, error);
+        }
+        self.classify(key, error)
+    }
+
+    /// A store error that the failure mode does not handle.
+    fn classify(&self, key: &Key, error: StoreError) -> Result<Decision, Error> {
+        if error.class() == ErrorClass::Invalid {
+            return Err(Error::Invalid(error));
+        }
+        tracing::error!(operation = %self.inner.operation, %key, error = %error, "rate limiter store error (bug)");
+        Err(Error::Store(error))
+    }
+
+    /// The failure mode's answer for `key`, or [`Error::Unavailable`] when it fails closed.
+    fn fail_over(&self, key: &Key, cost: u64, error: StoreError) -> Result<Decision, Error> {
+        self.apply_failure_mode(key, cost, &error)
+            .map_err(|()| Error::Unavailable {
+                operation: self.inner.operation.clone(),
+                source: error,
+            })
     }
 
     /// The failure mode's answer; `Err(())` means fail closed.
@@ -516,7 +591,21 @@ impl Limiter {
             FailureMode::Degraded { local, .. } => {
                 let active = inner.policy.load();
                 let policy = active.degraded.as_ref().unwrap_or(active.policy);
-                match local.acquire_now(key, policy, cost.min(policy.limit())) {
+                let local_decision = if cost > policy.limit() {
+                    // More than this instance's share can ever hold. Charging less than the
+                    // cost would let the fleet admit more than its quota, so it is denied
+                    // until shared enforcement can decide it.
+                    local
+                        .peek_now(key, policy, policy.limit())
+                        .map(|d| Decision {
+                            allowed: false,
+                            retry_after: Some(inner.breaker.probe_interval().max(MIN_RETRY)),
+                            ..d
+                        })
+                } else {
+                    local.acquire_now(key, policy, cost)
+                };
+                match local_decision {
                     Ok(d) => Ok(d.with_enforcement(Enforcement::Degraded)),
                     Err(local_error) => {
                         tracing::error!(operation = %inner.operation, shared = %error, local = %local_error, "degraded local limiter failed too");
@@ -528,35 +617,113 @@ impl Limiter {
     }
 }
 
-/// The policy one of `n` instances enforces locally: limits divided by `n` (at least 1).
-fn scale_down(policy: &Policy, n: u64) -> Policy {
+/// The shortest `retry_after` of a degraded denial that no local bucket can ever admit.
+const MIN_RETRY: Duration = Duration::from_millis(1);
+
+/// Whether the error means the store cannot answer now (the breaker counts it).
+fn is_outage(class: ErrorClass) -> bool {
+    matches!(class, ErrorClass::Unavailable | ErrorClass::Busy)
+}
+
+fn breaker_open() -> StoreError {
+    StoreError::Unavailable {
+        message: "circuit breaker open; store not called".into(),
+        source: None,
+    }
+}
+
+/// An error of `e`'s class standing for it on one request of a batch that failed as a whole.
+fn same_class(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Busy(m) => StoreError::Busy(m.clone()),
+        StoreError::Timeout(d) => StoreError::Timeout(*d),
+        other => StoreError::Unavailable {
+            message: other.to_string(),
+            source: None,
+        },
+    }
+}
+
+/// One call's standing with the circuit breaker, settled once with the store's answer. A
+/// probe dropped unsettled (its future abandoned) hands the probe on rather than leaving the
+/// breaker half-open with nobody probing.
+struct Ticket<'a> {
+    limiter: &'a Limiter,
+    permit: Permit,
+    settled: bool,
+}
+
+impl<'a> Ticket<'a> {
+    fn new(limiter: &'a Limiter, permit: Permit) -> Self {
+        Self {
+            limiter,
+            permit,
+            settled: false,
+        }
+    }
+
+    /// `answered`: the store answered (any answer, even an error that is not an outage).
+    fn settle(mut self, answered: bool) {
+        self.settled = true;
+        let breaker = &self.limiter.inner.breaker;
+        let transition = if answered {
+            breaker.on_success(self.permit)
+        } else {
+            breaker.on_failure(self.permit)
+        };
+        self.limiter.report(transition);
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.settled && self.permit == Permit::Probe {
+            self.limiter
+                .report(self.limiter.inner.breaker.abandon_probe());
+        }
+    }
+}
+
+/// The policy one of `n` instances enforces locally: limits divided by `n` (at least 1), with
+/// the policy's generation, transition rule and elapsed-time cap. `None` when the divided
+/// policy cannot be expressed (a refill period times `n` past the exact range).
+fn scale_down(policy: &Policy, n: u64) -> Option<Policy> {
     if n <= 1 {
-        return *policy;
+        return Some(*policy);
     }
     let scaled = match policy.algorithm() {
         Algorithm::TokenBucket(tb) => {
             let period = tb
                 .refill
                 .period()
-                .checked_mul(u32::try_from(n).unwrap_or(u32::MAX));
-            period.and_then(|p| {
-                Policy::token_bucket((tb.capacity / n).max(1), Rate::new(tb.refill.tokens(), p))
-                    .ok()
-            })
+                .checked_mul(u32::try_from(n).unwrap_or(u32::MAX))?;
+            let p = Policy::token_bucket(
+                (tb.capacity / n).max(1),
+                Rate::new(tb.refill.tokens(), period),
+            )
+            .ok()?;
+            match tb.max_elapsed_micros {
+                Some(cap) => p.with_max_elapsed(Duration::from_micros(cap)).ok()?,
+                None => p,
+            }
         }
         Algorithm::FixedWindow(fw) => Policy::fixed_window(
             (fw.limit / n).max(1),
             Duration::from_micros(fw.window_micros),
         )
-        .ok(),
+        .ok()?,
         Algorithm::SlidingLog(sl) => Policy::sliding_log(
             (sl.limit / n).max(1),
             Duration::from_micros(sl.window_micros),
         )
-        .ok(),
-        _ => None,
+        .ok()?,
+        _ => return None,
     };
-    scaled.map_or(*policy, |p| p.with_generation(policy.generation()))
+    Some(
+        scaled
+            .with_generation(policy.generation())
+            .with_transition(policy.transition()),
+    )
 }
 
 #[cfg(test)]
@@ -576,12 +743,20 @@ mod tests {
     #[test]
     fn degraded_policy_divides_the_quota() {
         let p = Policy::token_bucket(100, Rate::per_second(10)).unwrap();
-        let s = scale_down(&p, 4);
+        let p = p
+            .with_generation(3)
+            .with_transition(tollgate_core::Transition::Reset)
+            .with_max_elapsed(Duration::from_secs(2))
+            .unwrap();
+        let s = scale_down(&p, 4).unwrap();
         assert_eq!(s.limit(), 25);
+        assert_eq!(s.generation(), 3);
+        assert_eq!(s.transition(), tollgate_core::Transition::Reset);
         let Algorithm::TokenBucket(tb) = s.algorithm() else {
             unreachable!()
         };
         assert!((tb.refill.as_per_second() - 2.5).abs() < 1e-9);
+        assert_eq!(tb.max_elapsed_micros, Some(2_000_000), "the cap is kept");
     }
 
     #[tokio::test]

@@ -4,7 +4,7 @@
 //! | name | kind | labels |
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `operation`, `outcome` (allowed, denied, invalid, unavailable, error), `enforcement` (shared, degraded, bypassed, none) |
-//! | `tollgate_store_errors_total` | counter | `operation`, `class` (invalid, unavailable, busy, script) |
+//! | `tollgate_store_errors_total` | counter | `operation`, `class` (invalid, unavailable, busy, capacity, script) |
 //! | `tollgate_breaker_state` | gauge | `operation`; 0 closed, 1 open, 2 half-open |
 //! | `tollgate_decision_seconds` | histogram | `operation` |
 
@@ -16,7 +16,7 @@ use tollgate_core::{Decision, Enforcement, ErrorClass};
 use crate::Error;
 
 const ENFORCEMENTS: [&str; 3] = ["shared", "degraded", "bypassed"];
-const CLASSES: [&str; 4] = ["invalid", "unavailable", "busy", "script"];
+const CLASSES: [&str; 5] = ["invalid", "unavailable", "busy", "capacity", "script"];
 
 pub(crate) struct Meters {
     /// `[allowed, denied][shared, degraded, bypassed]`.
@@ -24,7 +24,7 @@ pub(crate) struct Meters {
     invalid: Counter,
     unavailable: Counter,
     error: Counter,
-    store_errors: [Counter; 4],
+    store_errors: [Counter; 5],
     pub(crate) breaker: Gauge,
     latency: Histogram,
 }
@@ -78,7 +78,8 @@ impl Meters {
             ErrorClass::Invalid => 0,
             ErrorClass::Unavailable => 1,
             ErrorClass::Busy => 2,
-            _ => 3,
+            ErrorClass::Capacity => 3,
+            _ => 4,
         };
         self.store_errors[i].increment(1);
     }

@@ -243,3 +243,130 @@ async fn metrics_record_decisions_errors_and_breaker_state() {
     );
     assert_eq!(find("tollgate_decision_seconds", &[]), Some(5.0));
 }
+
+/// A probe whose caller goes away (its future dropped by an outer timeout, as when a client
+/// disconnects) must not leave the breaker half-open with nobody probing: the next caller
+/// probes, and shared enforcement resumes once the server is back.
+#[tokio::test]
+async fn a_cancelled_probe_does_not_wedge_the_breaker() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailureMode::Open).await;
+    timed(&limiter, "c").await.unwrap();
+    server.pause();
+    for _ in 0..3 {
+        assert_eq!(
+            timed(&limiter, "c").await.unwrap().enforcement,
+            Enforcement::Bypassed
+        );
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    // Past the probe interval (100 ms), the next call is the probe; its caller gives up
+    // before the paused server could answer.
+    let started = Instant::now();
+    loop {
+        let probe = tokio::time::timeout(Duration::from_millis(20), limiter.check(["c"], 1)).await;
+        if probe.is_err() {
+            break; // the probe was in flight, and is now dropped
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no probe was let through"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_ne!(
+        limiter.breaker_state(),
+        BreakerState::HalfOpen,
+        "an abandoned probe hands the probe on"
+    );
+    server.resume();
+    recovery(&limiter, "c", Duration::from_secs(5)).await;
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+}
+
+/// Degraded enforcement divides the quota; a request costing more than an instance's share is
+/// denied (labelled degraded), never admitted at a discount: charging less than the cost would
+/// let the fleet admit more than its quota.
+#[tokio::test]
+async fn degraded_mode_never_charges_less_than_the_cost() {
+    let mut server = RedisServer::start();
+    // 20 tokens shared by 4 instances: 5 each while Redis is down.
+    let limiter = limiter(&server, FailureMode::degraded(4)).await;
+    server.kill();
+    let d = limiter.check(["big"], 10).await.unwrap();
+    assert_eq!(d.enforcement, Enforcement::Degraded);
+    assert!(!d.allowed, "cost 10 cannot fit a local share of 5: {d:?}");
+    assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO), "{d:?}");
+    assert_eq!(d.limit, 5);
+    // The denial charged nothing: the whole share is still there, at full cost.
+    let d = limiter.check(["big"], 5).await.unwrap();
+    assert!(d.allowed && d.remaining == 0, "{d:?}");
+    assert_eq!(d.enforcement, Enforcement::Degraded);
+    let d = limiter.check(["big"], 1).await.unwrap();
+    assert!(!d.allowed, "{d:?}");
+}
+
+/// A batch whose store is down takes the failure mode per request, and every outcome of
+/// `check_many` (and an invalid request refused before the store) reaches the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_and_refusals_are_metered() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut server = RedisServer::start();
+    let handle = tokio::runtime::Handle::current();
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        tokio::task::block_in_place(|| handle.block_on(limiter(&server, FailureMode::Closed)))
+    });
+    let keys: Vec<_> = (0..4)
+        .map(|i| limiter.key([format!("b{i}")]).unwrap())
+        .collect();
+    let run = async {
+        let ok = limiter.check_many(&keys, 1).await.unwrap();
+        assert!(ok.iter().all(|d| d.as_ref().is_ok_and(|d| d.allowed)));
+        // Refused before the store: an invalid cost (one per key) and an invalid key.
+        assert!(matches!(
+            limiter.check_many(&keys, 21).await,
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            limiter.check([vec![b'x'; 100_000]], 1).await,
+            Err(Error::Invalid(_))
+        ));
+        server.kill();
+        let down = limiter.check_many(&keys, 1).await.unwrap();
+        assert_eq!(down.len(), 4);
+        assert!(
+            down.iter()
+                .all(|r| matches!(r, Err(Error::Unavailable { .. }))),
+            "{down:?}"
+        );
+    };
+    metrics::with_local_recorder(&recorder, || {
+        tokio::task::block_in_place(|| handle.block_on(run));
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let find = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
+        snapshot.iter().find_map(|(ck, _, _, v)| {
+            let key = ck.key();
+            (key.name() == name
+                && labels
+                    .iter()
+                    .all(|(k, want)| key.labels().any(|l| l.key() == *k && l.value() == *want)))
+            .then(|| match v {
+                DebugValue::Counter(n) => *n as f64,
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Histogram(h) => h.len() as f64,
+            })
+        })
+    };
+    let decisions = |outcome| find("tollgate_decisions_total", &[("outcome", outcome)]);
+    assert_eq!(decisions("allowed"), Some(4.0));
+    assert_eq!(decisions("invalid"), Some(5.0), "4 keys of a batch, 1 key");
+    assert_eq!(decisions("unavailable"), Some(4.0));
+    assert_eq!(
+        find("tollgate_store_errors_total", &[("class", "unavailable")]),
+        Some(1.0),
+        "one failed round trip"
+    );
+}

@@ -131,8 +131,8 @@ async fn write_buckets(store: &RedisStore, group: &str, n: u64) {
         })
         .collect();
     let decisions = store.acquire_many(&requests).await.unwrap();
-    for (i, d) in decisions.iter().enumerate() {
-        assert_eq!(d.remaining, CAPACITY - 1 - i as u64 % 7);
+    for (i, d) in decisions.into_iter().enumerate() {
+        assert_eq!(d.unwrap().remaining, CAPACITY - 1 - i as u64 % 7);
     }
 }
 
