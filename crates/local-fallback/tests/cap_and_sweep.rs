@@ -42,7 +42,7 @@ fn sweeping_every_10(clock: &ManualClock) -> LocalStore<ManualClock> {
 fn assert_cap_reached(got: Result<tollgate_core::Decision, StoreError>, cap: usize) {
     match got {
         Err(e @ StoreError::KeyCapReached { cap: c }) if c == cap => {
-            assert_eq!(e.class(), ErrorClass::Unavailable);
+            assert_eq!(e.class(), ErrorClass::Capacity);
         }
         other => panic!("expected KeyCapReached {{ cap: {cap} }}, got {other:?}"),
     }

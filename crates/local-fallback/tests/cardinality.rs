@@ -82,7 +82,7 @@ fn a_million_distinct_keys_stay_under_the_cap_and_memory_stays_flat() {
     for i in 0..100_000 {
         match store.acquire_now(&key(round + 2, i), &policy, 1) {
             Err(e @ StoreError::KeyCapReached { cap: CAP }) => {
-                assert_eq!(e.class(), ErrorClass::Unavailable);
+                assert_eq!(e.class(), ErrorClass::Capacity);
             }
             other => panic!("new key {i} at the cap: {other:?}"),
         }

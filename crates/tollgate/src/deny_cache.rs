@@ -8,6 +8,9 @@
 //! [`crate::Limiter::reset`] removes it). The deadline is measured from when the request was
 //! *sent*, which is no later than when the store decided, so the cache never denies longer than
 //! the store would have.
+//!
+//! Invalidation is per process: a reset or a policy change made through another instance does
+//! not reach this cache, which keeps denying the key until the cached deadline at the latest.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -117,7 +117,13 @@ impl LimiterBuilder {
     /// denied until a known instant is then denied locally, with zero round trips, until that
     /// instant (for requests of the same or a larger cost). Exact for every algorithm — between
     /// a denial and its `retry_after` other instances can only consume — and invalidated by
-    /// [`Limiter::reset`] and by any policy change (fingerprint or generation).
+    /// this limiter's [`Limiter::reset`] and by any policy change it follows (fingerprint or
+    /// generation).
+    ///
+    /// The cache is per process: a reset made through another instance, or a policy that
+    /// instance follows before this one does, does not reach it, so this instance keeps
+    /// denying the key until the cached `retry_after` at the latest. Do not opt in where a
+    /// reset must take effect on every instance at once.
     pub fn deny_cache(mut self, max_entries: usize) -> Self {
         self.deny_cache = Some(max_entries);
         self
