@@ -183,7 +183,7 @@ async fn a_script_error_is_loud_and_does_not_switch_modes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_record_decisions_errors_and_breaker_state() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let mut server = RedisServer::start();
@@ -205,21 +205,7 @@ async fn metrics_record_decisions_errors_and_breaker_state() {
         tokio::task::block_in_place(|| handle.block_on(run));
     });
     let snapshot = snapshotter.snapshot().into_vec();
-    // Counter value, gauge value, or number of histogram samples.
-    let find = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
-        snapshot.iter().find_map(|(ck, _, _, v)| {
-            let key = ck.key();
-            (key.name() == name
-                && labels
-                    .iter()
-                    .all(|(k, want)| key.labels().any(|l| l.key() == *k && l.value() == *want)))
-            .then(|| match v {
-                DebugValue::Counter(n) => *n as f64,
-                DebugValue::Gauge(g) => g.into_inner(),
-                DebugValue::Histogram(h) => h.len() as f64,
-            })
-        })
-    };
+    let find = |name: &str, labels: &[(&str, &str)]| metric(&snapshot, name, labels);
     assert_eq!(
         find(
             "tollgate_decisions_total",
@@ -310,7 +296,7 @@ async fn degraded_mode_never_charges_less_than_the_cost() {
 /// `check_many` (and an invalid request refused before the store) reaches the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_and_refusals_are_metered() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let mut server = RedisServer::start();
@@ -346,20 +332,7 @@ async fn batches_and_refusals_are_metered() {
         tokio::task::block_in_place(|| handle.block_on(run));
     });
     let snapshot = snapshotter.snapshot().into_vec();
-    let find = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
-        snapshot.iter().find_map(|(ck, _, _, v)| {
-            let key = ck.key();
-            (key.name() == name
-                && labels
-                    .iter()
-                    .all(|(k, want)| key.labels().any(|l| l.key() == *k && l.value() == *want)))
-            .then(|| match v {
-                DebugValue::Counter(n) => *n as f64,
-                DebugValue::Gauge(g) => g.into_inner(),
-                DebugValue::Histogram(h) => h.len() as f64,
-            })
-        })
-    };
+    let find = |name: &str, labels: &[(&str, &str)]| metric(&snapshot, name, labels);
     let decisions = |outcome| find("tollgate_decisions_total", &[("outcome", outcome)]);
     assert_eq!(decisions("allowed"), Some(4.0));
     assert_eq!(decisions("invalid"), Some(5.0), "4 keys of a batch, 1 key");
@@ -369,4 +342,29 @@ async fn batches_and_refusals_are_metered() {
         Some(1.0),
         "one failed round trip"
     );
+}
+
+type Snapshot = Vec<(
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    metrics_util::debugging::DebugValue,
+)>;
+
+/// The counter's value, the gauge's value, or the histogram's number of samples, of the metric
+/// `name` with `labels` in `snapshot`.
+fn metric(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    use metrics_util::debugging::DebugValue;
+    snapshot.iter().find_map(|(ck, _, _, v)| {
+        let key = ck.key();
+        (key.name() == name
+            && labels
+                .iter()
+                .all(|(k, want)| key.labels().any(|l| l.key() == *k && l.value() == *want)))
+        .then(|| match v {
+            DebugValue::Counter(n) => *n as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(h) => h.len() as f64,
+        })
+    })
 }
