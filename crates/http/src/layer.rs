@@ -59,9 +59,10 @@ pub struct RateLimitLayer<K, C = FixedCost> {
 
 impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
     /// Limits with `limiter`, keyed by `key`, each request costing 1. The policy name in the
-    /// response fields is the limiter's operation.
+    /// response fields is the limiter's operation; the policy fields (`RateLimit-Policy`, the
+    /// limit) always show the limiter's policy in force, following [`Limiter::set_policy`].
     pub fn new(limiter: Limiter, key: K) -> Self {
-        let responses = RateLimitResponses::new(limiter.operation(), limiter.policy());
+        let responses = RateLimitResponses::for_limiter(&limiter);
         Self {
             limiter,
             key,

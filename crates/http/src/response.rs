@@ -32,10 +32,11 @@
 //! ```
 
 use std::fmt::Write as _;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use tollgate::{Algorithm, Decision, Error, Policy, PolicyError, StoreError};
+use tollgate::{Algorithm, Decision, Error, Limiter, Policy, PolicyError, StoreError};
 
 use crate::key::Rejection;
 
@@ -51,26 +52,62 @@ pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rateli
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Builds the responses of one route from its policy name and policy.
+///
+/// Everything derived from the policy (`RateLimit-Policy`, the 413's `q`,
+/// `X-RateLimit-Limit`) is taken from the policy in force when the response is built: a
+/// builder made with [`RateLimitResponses::for_limiter`] follows [`Limiter::set_policy`] (and a
+/// limiter following a policy registry). The rendered `RateLimit-Policy` value is cached per
+/// policy, so it is formatted again only when the policy changes.
 #[derive(Debug, Clone)]
 pub struct RateLimitResponses {
-    name: String,
-    limit: u64,
-    policy_field: HeaderValue,
+    name: Arc<str>,
+    source: PolicySource,
+    rendered: Arc<RwLock<Rendered>>,
     legacy: bool,
 }
 
+/// Where the policy comes from.
+#[derive(Debug, Clone)]
+enum PolicySource {
+    Fixed(Policy),
+    Limiter(Limiter),
+}
+
+/// The `RateLimit-Policy` value last rendered, and the policy it was rendered from.
+#[derive(Debug)]
+struct Rendered {
+    policy: Policy,
+    field: HeaderValue,
+}
+
 impl RateLimitResponses {
-    /// Responses for the policy `name` (usually the limiter's operation) enforcing `policy`.
+    /// Responses for the policy `name` (usually the limiter's operation) enforcing `policy`,
+    /// which never changes. For a limiter whose policy may change, use
+    /// [`RateLimitResponses::for_limiter`].
     pub fn new(name: &str, policy: &Policy) -> Self {
-        let mut field = sf_string(name);
-        let _ = write!(field, ";q={}", policy.limit());
-        if let Some(w) = window_secs(policy) {
-            let _ = write!(field, ";w={w}");
-        }
+        Self::build(name, PolicySource::Fixed(*policy), policy)
+    }
+
+    /// Responses for `limiter`: the policy name is its operation, and every response shows
+    /// the policy in force when it is built ([`Limiter::policy`]), so the fields follow
+    /// [`Limiter::set_policy`].
+    pub fn for_limiter(limiter: &Limiter) -> Self {
+        let policy = *limiter.policy();
+        Self::build(
+            limiter.operation(),
+            PolicySource::Limiter(limiter.clone()),
+            &policy,
+        )
+    }
+
+    fn build(name: &str, source: PolicySource, policy: &Policy) -> Self {
         Self {
-            name: name.to_owned(),
-            limit: policy.limit(),
-            policy_field: HeaderValue::try_from(field).expect("an sf-string is a valid header"),
+            name: name.into(),
+            source,
+            rendered: Arc::new(RwLock::new(Rendered {
+                policy: *policy,
+                field: render_policy(name, policy),
+            })),
             legacy: false,
         }
     }
@@ -88,9 +125,38 @@ impl RateLimitResponses {
         &self.name
     }
 
-    /// The `RateLimit-Policy` value.
-    pub fn policy_field(&self) -> &HeaderValue {
-        &self.policy_field
+    /// The policy in force now.
+    pub fn policy(&self) -> Policy {
+        match &self.source {
+            PolicySource::Fixed(p) => *p,
+            PolicySource::Limiter(l) => *l.policy(),
+        }
+    }
+
+    /// The `RateLimit-Policy` value for the policy in force now.
+    pub fn policy_field(&self) -> HeaderValue {
+        self.policy_field_for(&self.policy())
+    }
+
+    /// The `RateLimit-Policy` value for `policy`, from the cache when it is the policy last
+    /// rendered.
+    fn policy_field_for(&self, policy: &Policy) -> HeaderValue {
+        {
+            let cached = self.rendered.read().unwrap_or_else(PoisonError::into_inner);
+            if cached.policy == *policy {
+                return cached.field.clone();
+            }
+        }
+        let field = render_policy(&self.name, policy);
+        let mut cached = self
+            .rendered
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *cached = Rendered {
+            policy: *policy,
+            field: field.clone(),
+        };
+        field
     }
 
     /// The `RateLimit` value for `decision`: `r` = remaining, `t` = seconds until the bucket
@@ -111,10 +177,11 @@ impl RateLimitResponses {
     /// The limit (`q`, `X-RateLimit-Limit`) is always the route's policy's: a degraded
     /// decision, made against a locally scaled-down quota, must not show a different one.
     pub fn decorate(&self, decision: &Decision, headers: &mut HeaderMap) {
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy_field.clone());
+        let policy = self.policy();
+        headers.insert(RATELIMIT_POLICY.clone(), self.policy_field_for(&policy));
         headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
         if self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), self.limit.into());
+            headers.insert(X_RATELIMIT_LIMIT.clone(), policy.limit().into());
             headers.insert(X_RATELIMIT_REMAINING.clone(), decision.remaining.into());
             headers.insert(
                 X_RATELIMIT_RESET.clone(),
@@ -151,7 +218,7 @@ impl RateLimitResponses {
             )) => {
                 let mut resp = text(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}\n"));
                 resp.headers_mut()
-                    .insert(RATELIMIT_POLICY.clone(), self.policy_field.clone());
+                    .insert(RATELIMIT_POLICY.clone(), self.policy_field());
                 resp
             }
             Error::Invalid(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
@@ -180,6 +247,16 @@ fn text<B: From<String>>(status: StatusCode, body: String) -> Response<B> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+/// `"name";q=LIMIT;w=WINDOW` for `policy`.
+fn render_policy(name: &str, policy: &Policy) -> HeaderValue {
+    let mut field = sf_string(name);
+    let _ = write!(field, ";q={}", policy.limit());
+    if let Some(w) = window_secs(policy) {
+        let _ = write!(field, ";w={w}");
+    }
+    HeaderValue::try_from(field).expect("an sf-string is a valid header")
 }
 
 /// The policy's time window in whole seconds (rounded up): the window, or the time an empty
