@@ -4,15 +4,17 @@
 //! real `LocalStore`s on a `ManualClock`; a store that refuses every key (`max_keys(0)`,
 //! classified as unavailable) stands in for one that is down. Nothing sleeps.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Request, Response, StatusCode};
 use axum::routing::get;
 use tollgate::{FailureMode, Limiter, LocalStore, ManualClock, Policy, Store, Transition};
-use tollgate_http::{HeaderCost, RateLimitLayer, RouteKey};
+use tollgate_http::{ClientIpKey, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
 use tower::ServiceExt;
 
 /// 2023-11-14T22:13:20.3Z: 20.3 s into a 30 s window, 20.3 s into a 60 s one.
@@ -32,6 +34,13 @@ async fn send(app: &Router, request: Request<Body>) -> Response<Body> {
 
 fn get_req(path: &str) -> Request<Body> {
     Request::get(path).body(Body::empty()).unwrap()
+}
+
+fn from_peer(path: &str, peer: &str) -> Request<Body> {
+    let mut req = get_req(path);
+    req.extensions_mut()
+        .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+    req
 }
 
 fn field<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -100,4 +109,105 @@ async fn policy_fields_follow_set_policy() {
     assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=10;w=60"#));
     assert_eq!(field(h, "ratelimit"), Some(r#""api";r=9;t=40"#));
     assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
+}
+
+/// `r` of the `RateLimit` field.
+fn remaining(resp: &Response<Body>) -> u64 {
+    let value = field(resp.headers(), "ratelimit").unwrap();
+    value
+        .split(";r=")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn ipv6_clients_are_grouped_by_prefix_and_mapped_ipv4_is_ipv4() {
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(ManualClock::new(START_MICROS)));
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let by_64 = limiter("by64", policy, &store, FailureMode::Closed);
+    let by_128 = limiter("by128", policy, &store, FailureMode::Closed);
+    let by_v4_24 = limiter("by24", policy, &store, FailureMode::Closed);
+    let app = Router::new()
+        .route(
+            "/64",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                by_64,
+                ClientIpKey::new(TrustedProxies::none()),
+            )),
+        )
+        .route(
+            "/128",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                by_128,
+                ClientIpKey::new(TrustedProxies::none())
+                    .ipv6_prefix(128)
+                    .unwrap(),
+            )),
+        )
+        .route(
+            "/24",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                by_v4_24,
+                ClientIpKey::new(TrustedProxies::none())
+                    .ipv4_prefix(24)
+                    .unwrap(),
+            )),
+        );
+    let mut seen = Vec::new();
+    for (path, peer) in [
+        // Default /64: two addresses in one /64 share a bucket, another /64 has its own.
+        ("/64", "[2001:db8:1:2::1]:1000"),
+        ("/64", "[2001:db8:1:2:dead:beef:0:1]:1001"),
+        ("/64", "[2001:db8:1:3::1]:1002"),
+        // An IPv4-mapped IPv6 peer is the IPv4 address, one bucket per address.
+        ("/64", "[::ffff:192.0.2.4]:1003"),
+        ("/64", "192.0.2.4:1004"),
+        ("/64", "192.0.2.5:1005"),
+        // /128: every address on its own.
+        ("/128", "[2001:db8:1:2::1]:1006"),
+        ("/128", "[2001:db8:1:2::2]:1007"),
+        ("/128", "[2001:db8:1:2::1]:1008"),
+        // IPv4 grouped by /24 when configured.
+        ("/24", "198.51.100.1:1009"),
+        ("/24", "[::ffff:198.51.100.200]:1010"),
+        ("/24", "198.51.101.1:1011"),
+    ] {
+        let resp = send(&app, from_peer(path, peer)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{path} {peer}");
+        seen.push(remaining(&resp));
+    }
+    assert_eq!(seen, [9, 8, 9, 9, 8, 9, 9, 9, 8, 9, 8, 9]);
+}
+
+#[test]
+fn prefix_lengths_are_checked() {
+    let key = || ClientIpKey::new(TrustedProxies::none());
+    assert_eq!(key().prefixes(), (32, 64));
+    assert!(key().ipv6_prefix(129).is_err());
+    assert!(key().ipv4_prefix(33).is_err());
+    assert_eq!(
+        key()
+            .ipv6_prefix(0)
+            .unwrap()
+            .ipv4_prefix(0)
+            .unwrap()
+            .prefixes(),
+        (0, 0)
+    );
+    let all = key().ipv6_prefix(0).unwrap();
+    assert_eq!(
+        all.network("2001:db8::1".parse().unwrap()).to_string(),
+        "::/0"
+    );
+    assert_eq!(
+        key()
+            .network("2001:db8:a:b:c:d:e:f".parse().unwrap())
+            .to_string(),
+        "2001:db8:a:b::/64"
+    );
 }
