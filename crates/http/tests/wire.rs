@@ -211,3 +211,49 @@ fn prefix_lengths_are_checked() {
         "2001:db8:a:b::/64"
     );
 }
+
+#[tokio::test]
+async fn route_keys_are_templates_never_client_paths() {
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(ManualClock::new(START_MICROS)));
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    // Inside routing: the template names the bucket, whatever the id.
+    let templated = Router::new().route(
+        "/items/{id}",
+        get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+            limiter("items", policy, &store, FailureMode::Closed),
+            RouteKey,
+        )),
+    );
+    // A MethodRouter built with `any` takes `layer`; it still runs inside routing.
+    let any_method = Router::new().route(
+        "/any/{id}",
+        axum::routing::any(|| async { "ok" }).layer(RateLimitLayer::new(
+            limiter("any", policy, &store, FailureMode::Closed),
+            RouteKey,
+        )),
+    );
+    // Outside routing (Router::layer): no template, so one fixed bucket, not one per path.
+    let outside = Router::new()
+        .fallback(|| async { "ok" })
+        .layer(RateLimitLayer::new(
+            limiter("outside", policy, &store, FailureMode::Closed),
+            RouteKey,
+        ));
+    let mut seen = Vec::new();
+    for (app, path) in [
+        (&templated, "/items/1"),
+        (&templated, "/items/2"),
+        (&templated, "/items/3?x=y"),
+        (&any_method, "/any/1"),
+        (&any_method, "/any/2"),
+        (&outside, "/a"),
+        (&outside, "/b/c"),
+        (&outside, "/items/1"),
+        (&outside, "/%2e%2e/whatever"),
+    ] {
+        let resp = send(app, get_req(path)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        seen.push(remaining(&resp));
+    }
+    assert_eq!(seen, [9, 8, 7, 9, 8, 9, 8, 7, 6]);
+}
