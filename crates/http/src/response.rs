@@ -33,10 +33,11 @@
 
 use std::fmt::Write as _;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use tollgate::{Algorithm, Decision, Error, Limiter, Policy, PolicyError, StoreError};
+use tollgate::{Algorithm, Decision, Enforcement, Error, Limiter, Policy, PolicyError, StoreError};
 
 use crate::key::Rejection;
 
@@ -172,12 +173,34 @@ impl RateLimitResponses {
         HeaderValue::try_from(field).expect("an sf-string is a valid header")
     }
 
-    /// Adds the quota fields of `decision` to `headers` (for an admitted request's response).
-    ///
-    /// The limit (`q`, `X-RateLimit-Limit`) is always the route's policy's: a degraded
-    /// decision, made against a locally scaled-down quota, must not show a different one.
+    /// Adds the quota fields of `decision` to `headers` (for an admitted request's response),
+    /// for a request of cost 1; see [`RateLimitResponses::decorate_with_cost`].
     pub fn decorate(&self, decision: &Decision, headers: &mut HeaderMap) {
+        self.decorate_with_cost(decision, 1, headers);
+    }
+
+    /// Adds the quota fields of `decision`, made for a request of `cost`, to `headers`.
+    ///
+    /// The client is never told how the decision was made:
+    ///
+    /// - The limit (`q`, `X-RateLimit-Limit`) is always the route's policy's: a degraded
+    ///   decision, made against a locally scaled-down quota, must not show a different one.
+    /// - A bypassed decision (fail-open: nothing was counted) is shown as the shared store
+    ///   would answer this request on an untouched bucket: `r` = the limit minus `cost`, and
+    ///   `t` = the time `cost` takes to refill (token bucket), the end of the current
+    ///   epoch-aligned window by this host's clock (fixed window), or the window (sliding
+    ///   log). Showing the full quota with `t=0` instead, as the limiter reports it, is a
+    ///   value no enforced response ever carries, and would tell the client the limiter is
+    ///   failing open.
+    pub fn decorate_with_cost(&self, decision: &Decision, cost: u64, headers: &mut HeaderMap) {
         let policy = self.policy();
+        let shown;
+        let decision = if decision.enforcement == Enforcement::Bypassed {
+            shown = untouched_bucket(&policy, cost, decision);
+            &shown
+        } else {
+            decision
+        };
         headers.insert(RATELIMIT_POLICY.clone(), self.policy_field_for(&policy));
         headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
         if self.legacy {
@@ -247,6 +270,31 @@ fn text<B: From<String>>(status: StatusCode, body: String) -> Response<B> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+/// The decision a request of `cost` gets from an untouched bucket under `policy` (what a
+/// bypassed `decision` is shown as).
+fn untouched_bucket(policy: &Policy, cost: u64, decision: &Decision) -> Decision {
+    let cost = cost.min(policy.limit());
+    let reset_micros = match policy.algorithm() {
+        Algorithm::TokenBucket(tb) => cost.saturating_mul(tb.unit).div_ceil(tb.rate),
+        Algorithm::FixedWindow(fw) => {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            fw.window_micros - now % fw.window_micros
+        }
+        Algorithm::SlidingLog(sl) => sl.window_micros,
+        _ => u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX),
+    };
+    Decision::shared(
+        true,
+        policy.limit(),
+        policy.limit() - cost,
+        None,
+        reset_micros,
+    )
+    .with_enforcement(decision.enforcement)
 }
 
 /// `"name";q=LIMIT;w=WINDOW` for `policy`.
@@ -351,6 +399,23 @@ mod tests {
             r.error::<String>(&bug).status(),
             StatusCode::INTERNAL_SERVER_ERROR
         );
+    }
+
+    #[test]
+    fn a_bypass_is_shown_as_an_untouched_bucket_would_answer() {
+        let p = Policy::sliding_log(5, Duration::from_secs(60)).unwrap();
+        let r = RateLimitResponses::new("api", &p).legacy_headers(true);
+        let bypass = Decision::shared(true, 5, 5, None, 0).with_enforcement(Enforcement::Bypassed);
+        let mut h = HeaderMap::new();
+        r.decorate_with_cost(&bypass, 2, &mut h);
+        assert_eq!(h["ratelimit"], r#""api";r=3;t=60"#);
+        assert_eq!(h["x-ratelimit-remaining"], "3");
+        assert_eq!(h["x-ratelimit-reset"], "60");
+        let tb = Policy::token_bucket(10, tollgate::Rate::per_second(2)).unwrap();
+        let r = RateLimitResponses::new("api", &tb);
+        let mut h = HeaderMap::new();
+        r.decorate(&bypass, &mut h);
+        assert_eq!(h["ratelimit"], r#""api";r=9;t=1"#);
     }
 
     #[test]

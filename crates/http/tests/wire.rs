@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Request, Response, StatusCode};
 use axum::routing::get;
-use tollgate::{FailureMode, Limiter, LocalStore, ManualClock, Policy, Store, Transition};
+use tollgate::{FailureMode, Limiter, LocalStore, ManualClock, Policy, Rate, Store, Transition};
 use tollgate_http::{ClientIpKey, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
 use tower::ServiceExt;
 
@@ -109,6 +109,24 @@ async fn policy_fields_follow_set_policy() {
     assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=10;w=60"#));
     assert_eq!(field(h, "ratelimit"), Some(r#""api";r=9;t=40"#));
     assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
+}
+
+/// The parameters of a one-item quota field, without the policy name: `q=6;w=9`.
+fn params<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    field(headers, name).map(|v| v.split_once(';').unwrap().1)
+}
+
+/// The integer parameter `key` of the one-item quota field `name`.
+fn param(headers: &HeaderMap, name: &str, key: &str) -> u64 {
+    field(headers, name)
+        .unwrap()
+        .split(';')
+        .skip(1)
+        .find_map(|p| {
+            let (k, v) = p.split_once('=').unwrap();
+            (k == key).then(|| v.parse().unwrap())
+        })
+        .unwrap()
 }
 
 /// `r` of the `RateLimit` field.
@@ -256,4 +274,123 @@ async fn route_keys_are_templates_never_client_paths() {
         seen.push(remaining(&resp));
     }
     assert_eq!(seen, [9, 8, 7, 9, 8, 9, 8, 7, 6]);
+}
+
+/// The header names of a response, sorted.
+fn names(resp: &Response<Body>) -> Vec<String> {
+    let mut names: Vec<String> = resp.headers().keys().map(ToString::to_string).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A route per failure mode, all under `policy`: `shared` on a working store, `open` and
+/// `fallback` (degraded, 2 expected instances) on a store that is down.
+fn failure_mode_app(policy: Policy, clock: &ManualClock) -> Router {
+    let up: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let down: Arc<dyn Store> = Arc::new(LocalStore::builder().max_keys(0).build());
+    let mut app = Router::new();
+    for (name, store, mode) in [
+        ("shared", &up, FailureMode::Closed),
+        ("open", &down, FailureMode::Open),
+        ("fallback", &down, FailureMode::degraded(2)),
+    ] {
+        let layer = RateLimitLayer::new(limiter(name, policy, store, mode), RouteKey)
+            .cost(HeaderCost::new("x-cost".parse().unwrap(), 1, 1, 100).unwrap())
+            .legacy_headers(true);
+        app = app.route(
+            &format!("/{name}"),
+            get(|| async { "ok" }).route_layer(layer),
+        );
+    }
+    app
+}
+
+fn with_cost(path: &str, cost: u64) -> Request<Body> {
+    let mut req = get_req(path);
+    req.headers_mut()
+        .insert("x-cost", cost.to_string().parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn bypassed_and_degraded_allows_look_like_shared_ones() {
+    for (algorithm, policy) in [
+        (
+            "token-bucket",
+            Policy::token_bucket(6, Rate::new(2, Duration::from_secs(3))).unwrap(),
+        ),
+        (
+            "fixed-window",
+            Policy::fixed_window(6, Duration::from_secs(30)).unwrap(),
+        ),
+        (
+            "sliding-log",
+            Policy::sliding_log(6, Duration::from_secs(30)).unwrap(),
+        ),
+    ] {
+        let clock = ManualClock::new(START_MICROS);
+        let app = failure_mode_app(policy, &clock);
+        for cost in [1, 2, 6] {
+            // The shared answer on an untouched bucket: reset it by moving past its expiry.
+            clock.advance(Duration::from_secs(3600));
+            let shared = send(&app, with_cost("/shared", cost)).await;
+            let open = send(&app, with_cost("/open", cost)).await;
+            let fallback = send(&app, with_cost("/fallback", cost)).await;
+            let what = format!("{algorithm} cost {cost}");
+            assert_eq!(shared.status(), StatusCode::OK, "{what}");
+            assert_eq!(open.status(), StatusCode::OK, "{what}");
+            // Same set of fields, whatever made the decision.
+            assert_eq!(names(&open), names(&shared), "{what}");
+            let (sh, op) = (shared.headers(), open.headers());
+            assert_eq!(
+                params(op, "ratelimit-policy"),
+                params(sh, "ratelimit-policy"),
+                "{what}"
+            );
+            for name in ["x-ratelimit-limit", "x-ratelimit-remaining"] {
+                assert_eq!(field(op, name), field(sh, name), "{what}: {name}");
+            }
+            let w = param(sh, "ratelimit-policy", "w");
+            let t = param(op, "ratelimit", "t");
+            if algorithm == "fixed-window" {
+                // Until the current window ends by this host's clock (not the test's).
+                assert!((1..=w).contains(&t), "{what}: t={t}");
+                assert_eq!(
+                    field(op, "x-ratelimit-reset"),
+                    Some(t.to_string().as_str()),
+                    "{what}"
+                );
+                assert_eq!(param(op, "ratelimit", "r"), 6 - cost, "{what}");
+            } else {
+                // Exactly what the shared store answers for an untouched bucket.
+                assert_eq!(params(op, "ratelimit"), params(sh, "ratelimit"), "{what}");
+                assert_eq!(
+                    field(op, "x-ratelimit-reset"),
+                    field(sh, "x-ratelimit-reset"),
+                    "{what}"
+                );
+            }
+            // Never the full quota with nothing to wait for, which no enforced answer carries.
+            assert!(param(op, "ratelimit", "r") < 6 && t >= 1, "{what}");
+
+            // Degraded (3 of 6 locally): same fields, the policy's limit, plausible numbers.
+            if cost <= 3 {
+                assert_eq!(fallback.status(), StatusCode::OK, "{what}");
+                assert_eq!(names(&fallback), names(&shared), "{what}");
+                let fb = fallback.headers();
+                assert_eq!(
+                    params(fb, "ratelimit-policy"),
+                    params(sh, "ratelimit-policy"),
+                    "{what}"
+                );
+                assert_eq!(field(fb, "x-ratelimit-limit"), Some("6"), "{what}");
+                let (rem, reset) = (param(fb, "ratelimit", "r"), param(fb, "ratelimit", "t"));
+                assert!(
+                    rem < 6 && (1..=w).contains(&reset),
+                    "{what}: r={rem} t={reset}"
+                );
+            }
+        }
+    }
 }
