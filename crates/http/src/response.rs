@@ -181,10 +181,16 @@ impl RateLimitResponses {
 
     /// Adds the quota fields of `decision`, made for a request of `cost`, to `headers`.
     ///
+    /// The limit (`q`, `X-RateLimit-Limit`) is the policy in force's, with one exception: a
+    /// shared decision made under another limit (the store keeps the newest policy's
+    /// parameters for a bucket, so an instance not yet running a newly published policy is
+    /// decided under it) shows the limit that decided, without `w`, which only that policy
+    /// knows — never a `q` that `r` exceeds.
+    ///
     /// The client is never told how the decision was made:
     ///
-    /// - The limit (`q`, `X-RateLimit-Limit`) is always the route's policy's: a degraded
-    ///   decision, made against a locally scaled-down quota, must not show a different one.
+    /// - A degraded decision, made against a locally scaled-down quota, shows the policy's
+    ///   limit, not the local one.
     /// - A bypassed decision (fail-open: nothing was counted) is shown as the shared store
     ///   would answer this request on an untouched bucket: `r` = the limit minus `cost`, and
     ///   `t` = the time `cost` takes to refill (token bucket), the end of the current
@@ -201,10 +207,22 @@ impl RateLimitResponses {
         } else {
             decision
         };
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy_field_for(&policy));
+        // The shared store decides a bucket that a newer policy (another instance, mid
+        // rollout) already wrote under that policy's parameters: show the quota that decided,
+        // without a window this instance does not know, rather than one `r` may exceed.
+        let (limit, policy_field) =
+            if decision.enforcement == Enforcement::Shared && decision.limit != policy.limit() {
+                (
+                    decision.limit,
+                    render_quota(&self.name, decision.limit, None),
+                )
+            } else {
+                (policy.limit(), self.policy_field_for(&policy))
+            };
+        headers.insert(RATELIMIT_POLICY.clone(), policy_field);
         headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
         if self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), policy.limit().into());
+            headers.insert(X_RATELIMIT_LIMIT.clone(), limit.into());
             headers.insert(X_RATELIMIT_REMAINING.clone(), decision.remaining.into());
             headers.insert(
                 X_RATELIMIT_RESET.clone(),
@@ -299,9 +317,14 @@ fn untouched_bucket(policy: &Policy, cost: u64, decision: &Decision) -> Decision
 
 /// `"name";q=LIMIT;w=WINDOW` for `policy`.
 fn render_policy(name: &str, policy: &Policy) -> HeaderValue {
+    render_quota(name, policy.limit(), window_secs(policy))
+}
+
+/// `"name";q=LIMIT[;w=WINDOW]`.
+fn render_quota(name: &str, limit: u64, window_secs: Option<u64>) -> HeaderValue {
     let mut field = sf_string(name);
-    let _ = write!(field, ";q={}", policy.limit());
-    if let Some(w) = window_secs(policy) {
+    let _ = write!(field, ";q={limit}");
+    if let Some(w) = window_secs {
         let _ = write!(field, ";w={w}");
     }
     HeaderValue::try_from(field).expect("an sf-string is a valid header")

@@ -394,3 +394,46 @@ async fn bypassed_and_degraded_allows_look_like_shared_ones() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_instance_behind_a_rollout_shows_the_quota_that_decided() {
+    // Two instances share one store; the second already runs a newer policy (10, not 4, per
+    // minute). The store decides the first instance's requests under the stored, newer
+    // parameters, so its fields must not claim q=4 next to r=8.
+    let clock = ManualClock::new(START_MICROS);
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let old = Policy::fixed_window(4, Duration::from_secs(60)).unwrap();
+    let new = Policy::fixed_window(10, Duration::from_secs(60))
+        .unwrap()
+        .with_generation(1);
+    let instance = |policy| {
+        let layer = RateLimitLayer::new(
+            limiter("api", policy, &store, FailureMode::Closed),
+            RouteKey,
+        )
+        .legacy_headers(true);
+        Router::new().route("/x", get(|| async { "ok" }).route_layer(layer))
+    };
+    let (behind, ahead) = (instance(old), instance(new));
+    let resp = send(&ahead, get_req("/x")).await;
+    assert_eq!(
+        field(resp.headers(), "ratelimit-policy"),
+        Some(r#""api";q=10;w=60"#)
+    );
+    assert_eq!(remaining(&resp), 9);
+    let resp = send(&behind, get_req("/x")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let h = resp.headers();
+    assert_eq!(field(h, "ratelimit"), Some(r#""api";r=8;t=40"#));
+    // The quota that decided; its window is not known here, so `w` is left out.
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=10"#));
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
+    assert_eq!(field(h, "x-ratelimit-remaining"), Some("8"));
+    // Once it runs the newer policy too, the window is shown again.
+    let resp = send(&ahead, get_req("/x")).await;
+    assert_eq!(
+        field(resp.headers(), "ratelimit-policy"),
+        Some(r#""api";q=10;w=60"#)
+    );
+    assert_eq!(remaining(&resp), 7);
+}
