@@ -208,9 +208,31 @@ fn parse_node(text: &str) -> Option<IpAddr> {
     inner.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
 }
 
+/// Why a [`ClientIpKey`] prefix length was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{family} prefix length must be 0 to {max}, got {len}")]
+pub struct PrefixLenError {
+    /// `"IPv4"` or `"IPv6"`.
+    pub family: &'static str,
+    /// The length asked for.
+    pub len: u8,
+    /// The largest valid length (32 or 128).
+    pub max: u8,
+}
+
 /// Keys a request by its client IP address: the TCP peer (axum's
 /// [`ConnectInfo<SocketAddr>`](ConnectInfo)), or the forwarded client when the peer is a
 /// [trusted proxy](TrustedProxies).
+///
+/// Addresses are grouped into networks before they become a key, because one client
+/// commonly holds many addresses: an IPv6 client is usually given a whole `/64` (and picks a
+/// new address in it at will), so keying by the full address would hand it 2^64 buckets. By
+/// default every IPv6 address in one `/64` shares a bucket ([`ClientIpKey::ipv6_prefix`]
+/// changes the length; `128` keys each address) and each IPv4 address has its own
+/// ([`ClientIpKey::ipv4_prefix`], default `32`). An IPv4-mapped IPv6 address
+/// (`::ffff:192.0.2.1`, as a dual-stack listener reports IPv4 peers) is the IPv4 address.
+/// The key is the network in CIDR form (`2001:db8:1:2::/64`), or the bare address for a
+/// full-length prefix (`192.0.2.1`).
 ///
 /// Serve the app with `into_make_service_with_connect_info::<SocketAddr>()` so the peer
 /// address is known; without it every request is refused with 500, since keying everyone
@@ -222,21 +244,78 @@ fn parse_node(text: &str) -> Option<IpAddr> {
 /// use tollgate_http::{ClientIpKey, KeyExtractor, TrustedProxies};
 ///
 /// let key = ClientIpKey::new(TrustedProxies::none());
-/// let mut req = Request::new(());
-/// req.extensions_mut().insert(ConnectInfo("192.0.2.1:5000".parse::<SocketAddr>().unwrap()));
-/// assert_eq!(key.extract(&req).unwrap(), b"192.0.2.1");
+/// let request = |peer: &str| {
+///     let mut req = Request::new(());
+///     req.extensions_mut().insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+///     req
+/// };
+/// assert_eq!(key.extract(&request("192.0.2.1:5000")).unwrap(), b"192.0.2.1");
+/// assert_eq!(key.extract(&request("[::ffff:192.0.2.1]:5000")).unwrap(), b"192.0.2.1");
+/// assert_eq!(key.extract(&request("[2001:db8:1:2::beef]:443")).unwrap(), b"2001:db8:1:2::/64");
+/// let per_address = ClientIpKey::new(TrustedProxies::none()).ipv6_prefix(128).unwrap();
+/// assert_eq!(per_address.extract(&request("[2001:db8:1:2::beef]:443")).unwrap(), b"2001:db8:1:2::beef");
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClientIpKey {
     proxies: std::sync::Arc<TrustedProxies>,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+}
+
+impl Default for ClientIpKey {
+    fn default() -> Self {
+        Self::new(TrustedProxies::none())
+    }
 }
 
 impl ClientIpKey {
-    /// Keys by client IP, believing forwarding headers only from `proxies`.
+    /// The default IPv6 grouping: one bucket per `/64`.
+    pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+    /// The default IPv4 grouping: one bucket per address.
+    pub const DEFAULT_IPV4_PREFIX: u8 = 32;
+
+    /// Keys by client IP, believing forwarding headers only from `proxies`; IPv6 addresses
+    /// grouped by `/64`, IPv4 addresses one by one.
     pub fn new(proxies: TrustedProxies) -> Self {
         Self {
             proxies: std::sync::Arc::new(proxies),
+            ipv4_prefix: Self::DEFAULT_IPV4_PREFIX,
+            ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
         }
+    }
+
+    /// Groups IPv6 clients by their first `len` bits (0 to 128; default 64): every address
+    /// in one `/len` network shares a bucket. `128` keys each address on its own; a shorter
+    /// prefix (`/56`, `/48`) suits networks that hand clients larger blocks.
+    pub fn ipv6_prefix(mut self, len: u8) -> Result<Self, PrefixLenError> {
+        if len > 128 {
+            return Err(PrefixLenError {
+                family: "IPv6",
+                len,
+                max: 128,
+            });
+        }
+        self.ipv6_prefix = len;
+        Ok(self)
+    }
+
+    /// Groups IPv4 clients by their first `len` bits (0 to 32; default 32, one bucket per
+    /// address).
+    pub fn ipv4_prefix(mut self, len: u8) -> Result<Self, PrefixLenError> {
+        if len > 32 {
+            return Err(PrefixLenError {
+                family: "IPv4",
+                len,
+                max: 32,
+            });
+        }
+        self.ipv4_prefix = len;
+        Ok(self)
+    }
+
+    /// The IPv4 and IPv6 prefix lengths clients are grouped by.
+    pub fn prefixes(&self) -> (u8, u8) {
+        (self.ipv4_prefix, self.ipv6_prefix)
     }
 
     /// The client address of `request`, if its peer address is known.
@@ -244,12 +323,48 @@ impl ClientIpKey {
         let ConnectInfo(peer) = request.extensions().get::<ConnectInfo<SocketAddr>>()?;
         Some(self.proxies.client_ip(peer.ip(), request.headers()))
     }
+
+    /// The network `ip` is grouped into (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn network(&self, ip: IpAddr) -> Cidr {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.ipv4_prefix))
+                    .unwrap_or(0);
+                Cidr {
+                    network: IpAddr::V4((u32::from(v4) & mask).into()),
+                    prefix: self.ipv4_prefix,
+                }
+            }
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.ipv6_prefix))
+                    .unwrap_or(0);
+                Cidr {
+                    network: IpAddr::V6((u128::from(v6) & mask).into()),
+                    prefix: self.ipv6_prefix,
+                }
+            }
+        }
+    }
+
+    /// The bucket identity of `ip`: its network in CIDR form, or the bare address when the
+    /// prefix is full length.
+    fn bucket(&self, ip: IpAddr) -> String {
+        let net = self.network(ip);
+        let full = if net.network.is_ipv4() { 32 } else { 128 };
+        if net.prefix == full {
+            net.network.to_string()
+        } else {
+            net.to_string()
+        }
+    }
 }
 
 impl KeyExtractor for ClientIpKey {
     fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
         self.client_ip(request)
-            .map(|ip| ip.to_string().into_bytes())
+            .map(|ip| self.bucket(ip).into_bytes())
             .ok_or_else(|| {
                 Rejection::new(
                     StatusCode::INTERNAL_SERVER_ERROR,

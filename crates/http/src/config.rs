@@ -41,8 +41,10 @@
 //! | `expected_instances` | no | with `degraded`: divide the local quota by this (default 1) |
 //! | `timeout` | no | deadline of one store call, e.g. `"100ms"` (default 250 ms) |
 //!
-//! Top level: `legacy_headers = true|false` and a `[proxies]` table with `trusted = [CIDR...]`
-//! and `header = "x-forwarded-for" | "forwarded"`.
+//! Top level: `legacy_headers = true|false`, a `[proxies]` table with `trusted = [CIDR...]`
+//! and `header = "x-forwarded-for" | "forwarded"`, and a `[client_ip]` table with
+//! `ipv6_prefix` (0-128, default 64) and `ipv4_prefix` (0-32, default 32): how `key = "ip"`
+//! groups client addresses into buckets (see [`ClientIpKey`]).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -222,6 +224,8 @@ struct RawFile {
     legacy_headers: bool,
     #[serde(default)]
     proxies: Option<RawProxies>,
+    #[serde(default)]
+    client_ip: Option<RawClientIp>,
     #[serde(default, rename = "route")]
     routes: Vec<RawRoute>,
 }
@@ -233,6 +237,15 @@ struct RawProxies {
     trusted: Vec<Spanned<String>>,
     #[serde(default)]
     header: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClientIp {
+    #[serde(default)]
+    ipv4_prefix: Option<Spanned<i64>>,
+    #[serde(default)]
+    ipv6_prefix: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -272,12 +285,13 @@ impl Validator<'_> {
             None => TrustedProxies::none(),
             Some(p) => self.proxies(&p)?,
         };
+        let client_ip = self.client_ip(raw.client_ip.as_ref(), &proxies)?;
         let mut routes = Vec::with_capacity(raw.routes.len());
         let mut names = HashSet::new();
         // (path, method) pairs taken; a route without a method takes every method.
         let mut taken: Vec<(String, Option<Method>)> = Vec::new();
         for (i, raw_route) in raw.routes.iter().enumerate() {
-            let route = self.route(i, raw_route, &proxies)?;
+            let route = self.route(i, raw_route, &client_ip)?;
             if !names.insert(route.name.clone()) {
                 return self.err(
                     &raw_route.name.span(),
@@ -314,6 +328,41 @@ impl Validator<'_> {
         })
     }
 
+    /// The `key = "ip"` extractor: `proxies`, and the prefix lengths of `[client_ip]`.
+    fn client_ip(
+        &self,
+        raw: Option<&RawClientIp>,
+        proxies: &TrustedProxies,
+    ) -> Result<ClientIpKey, ConfigError> {
+        let mut key = ClientIpKey::new(proxies.clone());
+        let Some(raw) = raw else {
+            return Ok(key);
+        };
+        for (field, value, max) in [
+            ("client_ip.ipv4_prefix", &raw.ipv4_prefix, 32),
+            ("client_ip.ipv6_prefix", &raw.ipv6_prefix, 128),
+        ] {
+            let Some(value) = value else { continue };
+            let len = match u8::try_from(*value.get_ref()) {
+                Ok(len) if len <= max => len,
+                _ => {
+                    return self.err(
+                        &value.span(),
+                        field,
+                        format_args!("prefix length must be 0 to {max}, got {}", value.get_ref()),
+                    );
+                }
+            };
+            key = if max == 32 {
+                key.ipv4_prefix(len)
+            } else {
+                key.ipv6_prefix(len)
+            }
+            .expect("checked above");
+        }
+        Ok(key)
+    }
+
     fn proxies(&self, raw: &RawProxies) -> Result<TrustedProxies, ConfigError> {
         let mut nets = Vec::new();
         for (i, net) in raw.trusted.iter().enumerate() {
@@ -343,7 +392,7 @@ impl Validator<'_> {
         &self,
         i: usize,
         raw: &RawRoute,
-        proxies: &TrustedProxies,
+        client_ip: &ClientIpKey,
     ) -> Result<RouteConfig, ConfigError> {
         let field = |name: &str| format!("route[{i}].{name}");
 
@@ -381,7 +430,7 @@ impl Validator<'_> {
             },
         };
 
-        let key = self.key(&raw.key, &field("key"), proxies)?;
+        let key = self.key(&raw.key, &field("key"), client_ip)?;
 
         let policy = match raw.policy.get_ref().parse::<Policy>() {
             Ok(p) => p,
@@ -486,11 +535,11 @@ impl Validator<'_> {
         &self,
         raw: &Spanned<String>,
         field: &str,
-        proxies: &TrustedProxies,
+        client_ip: &ClientIpKey,
     ) -> Result<KeySource, ConfigError> {
         let text = raw.get_ref().as_str();
         Ok(match text {
-            "ip" => KeySource::ClientIp(ClientIpKey::new(proxies.clone())),
+            "ip" => KeySource::ClientIp(client_ip.clone()),
             "user" => KeySource::User(UserKey),
             "route" => KeySource::Route(RouteKey),
             _ => match text
@@ -757,6 +806,35 @@ failure_mode = "closed"
             PolicyFile::parse("[proxies]\ntrusted = [\"10.0.0.0/8\"]\nheader = \"Forwarded\"\n")
                 .unwrap();
         assert_eq!(ok.proxies.header(), ForwardedHeader::Forwarded);
+    }
+
+    #[test]
+    fn client_ip_prefixes_are_validated() {
+        let prefixes = |file: &PolicyFile| match &file.routes[0].key {
+            KeySource::ClientIp(k) => k.prefixes(),
+            other => panic!("{other:?}"),
+        };
+        let ip_route = ROUTE.replace("\"route\"", "\"ip\"");
+        assert_eq!(prefixes(&PolicyFile::parse(&ip_route).unwrap()), (32, 64));
+        let file = PolicyFile::parse(&format!(
+            "[client_ip]\nipv6_prefix = 56\nipv4_prefix = 24\n{ip_route}"
+        ))
+        .unwrap();
+        assert_eq!(prefixes(&file), (24, 56));
+        let e = error(&format!("[client_ip]\nipv6_prefix = 129\n{ip_route}"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (2, "client_ip.ipv6_prefix"),
+            "{e}"
+        );
+        let e = error(&format!("[client_ip]\nipv4_prefix = -1\n{ip_route}"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (2, "client_ip.ipv4_prefix"),
+            "{e}"
+        );
+        let e = error(&format!("[client_ip]\nipv4 = 24\n{ip_route}"));
+        assert_eq!(e.line, 2, "{e}");
     }
 
     #[test]

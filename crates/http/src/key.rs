@@ -121,18 +121,40 @@ impl KeyExtractor for UserKey {
     }
 }
 
-/// One bucket for the whole route, shared by every client: axum's [`MatchedPath`] (the
-/// route template, `/items/{id}`), or the request path when the router did not record one.
+/// One bucket for the whole route, shared by every client, named by axum's [`MatchedPath`]
+/// (the route template, `/items/{id}`, never the request's own path).
+///
+/// When the router recorded no template — the layer sits outside routing (`Router::layer`
+/// rather than `route_layer`), or wraps a plain tower service — every request draws from one
+/// bucket named [`RouteKey::UNMATCHED`]. The request path is never used: it is chosen by the
+/// client, who could otherwise mint a fresh bucket (and a fresh quota, and store memory) with
+/// every path it makes up.
+///
+/// ```
+/// use axum::http::Request;
+/// use tollgate_http::{KeyExtractor, RouteKey};
+///
+/// let req = Request::builder().uri("/anything/the/client/likes").body(()).unwrap();
+/// assert_eq!(RouteKey.extract(&req).unwrap(), RouteKey::UNMATCHED.as_bytes());
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey;
 
+impl RouteKey {
+    /// The bucket of requests without a [`MatchedPath`]. A template always starts with `/`, so
+    /// this never names a real route's bucket.
+    pub const UNMATCHED: &'static str = "unmatched";
+}
+
 impl KeyExtractor for RouteKey {
     fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
-        let path = request
+        let name = request
             .extensions()
             .get::<MatchedPath>()
-            .map_or_else(|| request.uri().path(), MatchedPath::as_str);
-        Ok(if path.is_empty() { "/" } else { path }.as_bytes().to_vec())
+            .map(MatchedPath::as_str)
+            .filter(|p| !p.is_empty())
+            .unwrap_or(Self::UNMATCHED);
+        Ok(name.as_bytes().to_vec())
     }
 }
 
@@ -178,9 +200,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn route_key_prefers_the_matched_template() {
-        let req = Request::builder().uri("/items/42").body(()).unwrap();
-        assert_eq!(RouteKey.extract(&req).unwrap(), b"/items/42");
+    fn route_key_never_uses_the_request_path() {
+        for uri in ["/items/42", "/items/43", "/", "/x?y=1"] {
+            let req = Request::builder().uri(uri).body(()).unwrap();
+            assert_eq!(RouteKey.extract(&req).unwrap(), b"unmatched", "{uri}");
+        }
     }
 
     #[test]

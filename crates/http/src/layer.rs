@@ -30,7 +30,9 @@
 //! the request extensions (`axum::Extension<Decision>`), and its response gets the quota
 //! fields. The other outcomes are answered by the layer itself; see [`crate::response`].
 //!
-//! `Degraded` and `Bypassed` decisions look like ordinary ones to the client; they are
+//! `Degraded` and `Bypassed` decisions look like ordinary ones to the client (same fields; a
+//! bypass is shown as an untouched bucket would answer, see
+//! [`RateLimitResponses::decorate_with_cost`]); they are
 //! logged (`tracing`, target `tollgate_http`) and counted in
 //! `tollgate_http_responses_total{route, status, enforcement}` (the limiter itself counts
 //! `tollgate_decisions_total{operation, outcome, enforcement}`).
@@ -59,9 +61,10 @@ pub struct RateLimitLayer<K, C = FixedCost> {
 
 impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
     /// Limits with `limiter`, keyed by `key`, each request costing 1. The policy name in the
-    /// response fields is the limiter's operation.
+    /// response fields is the limiter's operation; the policy fields (`RateLimit-Policy`, the
+    /// limit) always show the limiter's policy in force, following [`Limiter::set_policy`].
     pub fn new(limiter: Limiter, key: K) -> Self {
-        let responses = RateLimitResponses::new(limiter.operation(), limiter.policy());
+        let responses = RateLimitResponses::for_limiter(&limiter);
         Self {
             limiter,
             key,
@@ -203,7 +206,7 @@ where
             }
             request.extensions_mut().insert(decision.clone());
             let mut response = inner.call(request).await?;
-            responses.decorate(&decision, response.headers_mut());
+            responses.decorate_with_cost(&decision, cost, response.headers_mut());
             count(
                 route,
                 response.status().as_u16(),

@@ -34,7 +34,9 @@ pub mod key;
 pub mod layer;
 pub mod response;
 
-pub use client_ip::{Cidr, CidrError, ClientIpKey, ForwardedHeader, TrustedProxies};
+pub use client_ip::{
+    Cidr, CidrError, ClientIpKey, ForwardedHeader, PrefixLenError, TrustedProxies,
+};
 pub use config::{
     BUILTIN_POLICY_FILE, ConfigError, FailureChoice, PolicyFile, RouteConfig, RouteLayer,
 };

@@ -32,10 +32,12 @@
 //! ```
 
 use std::fmt::Write as _;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use tollgate::{Algorithm, Decision, Error, Policy, PolicyError, StoreError};
+use tollgate::{Algorithm, Decision, Enforcement, Error, Limiter, Policy, PolicyError, StoreError};
 
 use crate::key::Rejection;
 
@@ -51,26 +53,62 @@ pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rateli
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Builds the responses of one route from its policy name and policy.
+///
+/// Everything derived from the policy (`RateLimit-Policy`, the 413's `q`,
+/// `X-RateLimit-Limit`) is taken from the policy in force when the response is built: a
+/// builder made with [`RateLimitResponses::for_limiter`] follows [`Limiter::set_policy`] (and a
+/// limiter following a policy registry). The rendered `RateLimit-Policy` value is cached per
+/// policy, so it is formatted again only when the policy changes.
 #[derive(Debug, Clone)]
 pub struct RateLimitResponses {
-    name: String,
-    limit: u64,
-    policy_field: HeaderValue,
+    name: Arc<str>,
+    source: PolicySource,
+    rendered: Arc<RwLock<Rendered>>,
     legacy: bool,
 }
 
+/// Where the policy comes from.
+#[derive(Debug, Clone)]
+enum PolicySource {
+    Fixed(Policy),
+    Limiter(Limiter),
+}
+
+/// The `RateLimit-Policy` value last rendered, and the policy it was rendered from.
+#[derive(Debug)]
+struct Rendered {
+    policy: Policy,
+    field: HeaderValue,
+}
+
 impl RateLimitResponses {
-    /// Responses for the policy `name` (usually the limiter's operation) enforcing `policy`.
+    /// Responses for the policy `name` (usually the limiter's operation) enforcing `policy`,
+    /// which never changes. For a limiter whose policy may change, use
+    /// [`RateLimitResponses::for_limiter`].
     pub fn new(name: &str, policy: &Policy) -> Self {
-        let mut field = sf_string(name);
-        let _ = write!(field, ";q={}", policy.limit());
-        if let Some(w) = window_secs(policy) {
-            let _ = write!(field, ";w={w}");
-        }
+        Self::build(name, PolicySource::Fixed(*policy), policy)
+    }
+
+    /// Responses for `limiter`: the policy name is its operation, and every response shows
+    /// the policy in force when it is built ([`Limiter::policy`]), so the fields follow
+    /// [`Limiter::set_policy`].
+    pub fn for_limiter(limiter: &Limiter) -> Self {
+        let policy = *limiter.policy();
+        Self::build(
+            limiter.operation(),
+            PolicySource::Limiter(limiter.clone()),
+            &policy,
+        )
+    }
+
+    fn build(name: &str, source: PolicySource, policy: &Policy) -> Self {
         Self {
-            name: name.to_owned(),
-            limit: policy.limit(),
-            policy_field: HeaderValue::try_from(field).expect("an sf-string is a valid header"),
+            name: name.into(),
+            source,
+            rendered: Arc::new(RwLock::new(Rendered {
+                policy: *policy,
+                field: render_policy(name, policy),
+            })),
             legacy: false,
         }
     }
@@ -88,9 +126,38 @@ impl RateLimitResponses {
         &self.name
     }
 
-    /// The `RateLimit-Policy` value.
-    pub fn policy_field(&self) -> &HeaderValue {
-        &self.policy_field
+    /// The policy in force now.
+    pub fn policy(&self) -> Policy {
+        match &self.source {
+            PolicySource::Fixed(p) => *p,
+            PolicySource::Limiter(l) => *l.policy(),
+        }
+    }
+
+    /// The `RateLimit-Policy` value for the policy in force now.
+    pub fn policy_field(&self) -> HeaderValue {
+        self.policy_field_for(&self.policy())
+    }
+
+    /// The `RateLimit-Policy` value for `policy`, from the cache when it is the policy last
+    /// rendered.
+    fn policy_field_for(&self, policy: &Policy) -> HeaderValue {
+        {
+            let cached = self.rendered.read().unwrap_or_else(PoisonError::into_inner);
+            if cached.policy == *policy {
+                return cached.field.clone();
+            }
+        }
+        let field = render_policy(&self.name, policy);
+        let mut cached = self
+            .rendered
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *cached = Rendered {
+            policy: *policy,
+            field: field.clone(),
+        };
+        field
     }
 
     /// The `RateLimit` value for `decision`: `r` = remaining, `t` = seconds until the bucket
@@ -106,15 +173,56 @@ impl RateLimitResponses {
         HeaderValue::try_from(field).expect("an sf-string is a valid header")
     }
 
-    /// Adds the quota fields of `decision` to `headers` (for an admitted request's response).
-    ///
-    /// The limit (`q`, `X-RateLimit-Limit`) is always the route's policy's: a degraded
-    /// decision, made against a locally scaled-down quota, must not show a different one.
+    /// Adds the quota fields of `decision` to `headers` (for an admitted request's response),
+    /// for a request of cost 1; see [`RateLimitResponses::decorate_with_cost`].
     pub fn decorate(&self, decision: &Decision, headers: &mut HeaderMap) {
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy_field.clone());
+        self.decorate_with_cost(decision, 1, headers);
+    }
+
+    /// Adds the quota fields of `decision`, made for a request of `cost`, to `headers`.
+    ///
+    /// The limit (`q`, `X-RateLimit-Limit`) is the policy in force's, with one exception: a
+    /// shared decision made under another limit (the store keeps the newest policy's
+    /// parameters for a bucket, so an instance not yet running a newly published policy is
+    /// decided under it) shows the limit that decided, without `w`, which only that policy
+    /// knows — never a `q` that `r` exceeds.
+    ///
+    /// The client is never told how the decision was made:
+    ///
+    /// - A degraded decision, made against a locally scaled-down quota, shows the policy's
+    ///   limit, not the local one.
+    /// - A bypassed decision (fail-open: nothing was counted) is shown as the shared store
+    ///   would answer this request on an untouched bucket: `r` = the limit minus `cost`, and
+    ///   `t` = the time `cost` takes to refill (token bucket), the end of the current
+    ///   epoch-aligned window by this host's clock (fixed window), or the window (sliding
+    ///   log). Showing the full quota with `t=0` instead, as the limiter reports it, is a
+    ///   value no enforced response ever carries, and would tell the client the limiter is
+    ///   failing open.
+    pub fn decorate_with_cost(&self, decision: &Decision, cost: u64, headers: &mut HeaderMap) {
+        let policy = self.policy();
+        let shown;
+        let decision = if decision.enforcement == Enforcement::Bypassed {
+            shown = untouched_bucket(&policy, cost, decision);
+            &shown
+        } else {
+            decision
+        };
+        // The shared store decides a bucket that a newer policy (another instance, mid
+        // rollout) already wrote under that policy's parameters: show the quota that decided,
+        // without a window this instance does not know, rather than one `r` may exceed.
+        let (limit, policy_field) =
+            if decision.enforcement == Enforcement::Shared && decision.limit != policy.limit() {
+                (
+                    decision.limit,
+                    render_quota(&self.name, decision.limit, None),
+                )
+            } else {
+                (policy.limit(), self.policy_field_for(&policy))
+            };
+        headers.insert(RATELIMIT_POLICY.clone(), policy_field);
         headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
         if self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), self.limit.into());
+            headers.insert(X_RATELIMIT_LIMIT.clone(), limit.into());
             headers.insert(X_RATELIMIT_REMAINING.clone(), decision.remaining.into());
             headers.insert(
                 X_RATELIMIT_RESET.clone(),
@@ -151,7 +259,7 @@ impl RateLimitResponses {
             )) => {
                 let mut resp = text(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}\n"));
                 resp.headers_mut()
-                    .insert(RATELIMIT_POLICY.clone(), self.policy_field.clone());
+                    .insert(RATELIMIT_POLICY.clone(), self.policy_field());
                 resp
             }
             Error::Invalid(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
@@ -180,6 +288,46 @@ fn text<B: From<String>>(status: StatusCode, body: String) -> Response<B> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+/// The decision a request of `cost` gets from an untouched bucket under `policy` (what a
+/// bypassed `decision` is shown as).
+fn untouched_bucket(policy: &Policy, cost: u64, decision: &Decision) -> Decision {
+    let cost = cost.min(policy.limit());
+    let reset_micros = match policy.algorithm() {
+        Algorithm::TokenBucket(tb) => cost.saturating_mul(tb.unit).div_ceil(tb.rate),
+        Algorithm::FixedWindow(fw) => {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            fw.window_micros - now % fw.window_micros
+        }
+        Algorithm::SlidingLog(sl) => sl.window_micros,
+        _ => u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX),
+    };
+    Decision::shared(
+        true,
+        policy.limit(),
+        policy.limit() - cost,
+        None,
+        reset_micros,
+    )
+    .with_enforcement(decision.enforcement)
+}
+
+/// `"name";q=LIMIT;w=WINDOW` for `policy`.
+fn render_policy(name: &str, policy: &Policy) -> HeaderValue {
+    render_quota(name, policy.limit(), window_secs(policy))
+}
+
+/// `"name";q=LIMIT[;w=WINDOW]`.
+fn render_quota(name: &str, limit: u64, window_secs: Option<u64>) -> HeaderValue {
+    let mut field = sf_string(name);
+    let _ = write!(field, ";q={limit}");
+    if let Some(w) = window_secs {
+        let _ = write!(field, ";w={w}");
+    }
+    HeaderValue::try_from(field).expect("an sf-string is a valid header")
 }
 
 /// The policy's time window in whole seconds (rounded up): the window, or the time an empty
@@ -274,6 +422,23 @@ mod tests {
             r.error::<String>(&bug).status(),
             StatusCode::INTERNAL_SERVER_ERROR
         );
+    }
+
+    #[test]
+    fn a_bypass_is_shown_as_an_untouched_bucket_would_answer() {
+        let p = Policy::sliding_log(5, Duration::from_secs(60)).unwrap();
+        let r = RateLimitResponses::new("api", &p).legacy_headers(true);
+        let bypass = Decision::shared(true, 5, 5, None, 0).with_enforcement(Enforcement::Bypassed);
+        let mut h = HeaderMap::new();
+        r.decorate_with_cost(&bypass, 2, &mut h);
+        assert_eq!(h["ratelimit"], r#""api";r=3;t=60"#);
+        assert_eq!(h["x-ratelimit-remaining"], "3");
+        assert_eq!(h["x-ratelimit-reset"], "60");
+        let tb = Policy::token_bucket(10, tollgate::Rate::per_second(2)).unwrap();
+        let r = RateLimitResponses::new("api", &tb);
+        let mut h = HeaderMap::new();
+        r.decorate(&bypass, &mut h);
+        assert_eq!(h["ratelimit"], r#""api";r=9;t=1"#);
     }
 
     #[test]

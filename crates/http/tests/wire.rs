@@ -1,0 +1,439 @@
+//! What the client sees, request by request, through the layer in process (no sockets): the
+//! policy fields follow the limiter's policy, client-IP buckets group IPv6 by prefix, route
+//! keys stay bounded, and a degraded or bypassed decision looks like any other. Stores are
+//! real `LocalStore`s on a `ManualClock`; a store that refuses every key (`max_keys(0)`,
+//! classified as unavailable) stands in for one that is down. Nothing sleeps.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderMap, Request, Response, StatusCode};
+use axum::routing::get;
+use tollgate::{FailureMode, Limiter, LocalStore, ManualClock, Policy, Rate, Store, Transition};
+use tollgate_http::{ClientIpKey, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
+use tower::ServiceExt;
+
+/// 2023-11-14T22:13:20.3Z: 20.3 s into a 30 s window, 20.3 s into a 60 s one.
+const START_MICROS: u64 = 1_700_000_000_300_000;
+
+fn limiter(name: &str, policy: Policy, store: &Arc<dyn Store>, mode: FailureMode) -> Limiter {
+    Limiter::builder(name, policy)
+        .store(store.clone())
+        .failure_mode(mode)
+        .build()
+        .unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> Response<Body> {
+    app.clone().oneshot(request).await.unwrap()
+}
+
+fn get_req(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+fn from_peer(path: &str, peer: &str) -> Request<Body> {
+    let mut req = get_req(path);
+    req.extensions_mut()
+        .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+    req
+}
+
+fn field<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn policy_fields_follow_set_policy() {
+    let clock = ManualClock::new(START_MICROS);
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let first = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let limiter = limiter("api", first, &store, FailureMode::Closed);
+    let layer = RateLimitLayer::new(limiter.clone(), RouteKey)
+        .cost(HeaderCost::new("x-cost".parse().unwrap(), 1, 1, 100).unwrap())
+        .legacy_headers(true);
+    let app = Router::new().route("/x", get(|| async { "ok" }).route_layer(layer));
+
+    let resp = send(&app, get_req("/x")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let h = resp.headers();
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=10;w=60"#));
+    assert_eq!(field(h, "ratelimit"), Some(r#""api";r=9;t=40"#));
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
+
+    // A newer policy, fresh buckets: 4 per 30 s.
+    let second = Policy::fixed_window(4, Duration::from_secs(30))
+        .unwrap()
+        .with_generation(1)
+        .with_transition(Transition::Reset);
+    limiter.set_policy(second);
+    let resp = send(&app, get_req("/x")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let h = resp.headers();
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=4;w=30"#));
+    assert_eq!(field(h, "ratelimit"), Some(r#""api";r=3;t=10"#));
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("4"));
+
+    // The largest cost shown by a 413 is the new policy's, too.
+    let mut req = get_req("/x");
+    req.headers_mut().insert("x-cost", "5".parse().unwrap());
+    let resp = send(&app, req).await;
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        field(resp.headers(), "ratelimit-policy"),
+        Some(r#""api";q=4;w=30"#)
+    );
+
+    // Denied under the new policy: the 429 agrees with it.
+    let mut req = get_req("/x");
+    req.headers_mut().insert("x-cost", "4".parse().unwrap());
+    let resp = send(&app, req).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = resp.headers();
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=4;w=30"#));
+    assert_eq!(field(h, "ratelimit"), Some(r#""api";r=3;t=10"#));
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("4"));
+
+    // And back again: the cached field is not stale in either direction.
+    let third = Policy::fixed_window(10, Duration::from_secs(60))
+        .unwrap()
+        .with_generation(2)
+        .with_transition(Transition::Reset);
+    limiter.set_policy(third);
+    let resp = send(&app, get_req("/x")).await;
+    let h = resp.headers();
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=10;w=60"#));
+    assert_eq!(field(h, "ratelimit"), Some(r#""api";r=9;t=40"#));
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
+}
+
+/// The parameters of a one-item quota field, without the policy name: `q=6;w=9`.
+fn params<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    field(headers, name).map(|v| v.split_once(';').unwrap().1)
+}
+
+/// The integer parameter `key` of the one-item quota field `name`.
+fn param(headers: &HeaderMap, name: &str, key: &str) -> u64 {
+    field(headers, name)
+        .unwrap()
+        .split(';')
+        .skip(1)
+        .find_map(|p| {
+            let (k, v) = p.split_once('=').unwrap();
+            (k == key).then(|| v.parse().unwrap())
+        })
+        .unwrap()
+}
+
+/// `r` of the `RateLimit` field.
+fn remaining(resp: &Response<Body>) -> u64 {
+    let value = field(resp.headers(), "ratelimit").unwrap();
+    value
+        .split(";r=")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn ipv6_clients_are_grouped_by_prefix_and_mapped_ipv4_is_ipv4() {
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(ManualClock::new(START_MICROS)));
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let by_64 = limiter("by64", policy, &store, FailureMode::Closed);
+    let by_128 = limiter("by128", policy, &store, FailureMode::Closed);
+    let by_v4_24 = limiter("by24", policy, &store, FailureMode::Closed);
+    let app = Router::new()
+        .route(
+            "/64",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                by_64,
+                ClientIpKey::new(TrustedProxies::none()),
+            )),
+        )
+        .route(
+            "/128",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                by_128,
+                ClientIpKey::new(TrustedProxies::none())
+                    .ipv6_prefix(128)
+                    .unwrap(),
+            )),
+        )
+        .route(
+            "/24",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                by_v4_24,
+                ClientIpKey::new(TrustedProxies::none())
+                    .ipv4_prefix(24)
+                    .unwrap(),
+            )),
+        );
+    let mut seen = Vec::new();
+    for (path, peer) in [
+        // Default /64: two addresses in one /64 share a bucket, another /64 has its own.
+        ("/64", "[2001:db8:1:2::1]:1000"),
+        ("/64", "[2001:db8:1:2:dead:beef:0:1]:1001"),
+        ("/64", "[2001:db8:1:3::1]:1002"),
+        // An IPv4-mapped IPv6 peer is the IPv4 address, one bucket per address.
+        ("/64", "[::ffff:192.0.2.4]:1003"),
+        ("/64", "192.0.2.4:1004"),
+        ("/64", "192.0.2.5:1005"),
+        // /128: every address on its own.
+        ("/128", "[2001:db8:1:2::1]:1006"),
+        ("/128", "[2001:db8:1:2::2]:1007"),
+        ("/128", "[2001:db8:1:2::1]:1008"),
+        // IPv4 grouped by /24 when configured.
+        ("/24", "198.51.100.1:1009"),
+        ("/24", "[::ffff:198.51.100.200]:1010"),
+        ("/24", "198.51.101.1:1011"),
+    ] {
+        let resp = send(&app, from_peer(path, peer)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{path} {peer}");
+        seen.push(remaining(&resp));
+    }
+    assert_eq!(seen, [9, 8, 9, 9, 8, 9, 9, 9, 8, 9, 8, 9]);
+}
+
+#[test]
+fn prefix_lengths_are_checked() {
+    let key = || ClientIpKey::new(TrustedProxies::none());
+    assert_eq!(key().prefixes(), (32, 64));
+    assert!(key().ipv6_prefix(129).is_err());
+    assert!(key().ipv4_prefix(33).is_err());
+    assert_eq!(
+        key()
+            .ipv6_prefix(0)
+            .unwrap()
+            .ipv4_prefix(0)
+            .unwrap()
+            .prefixes(),
+        (0, 0)
+    );
+    let all = key().ipv6_prefix(0).unwrap();
+    assert_eq!(
+        all.network("2001:db8::1".parse().unwrap()).to_string(),
+        "::/0"
+    );
+    assert_eq!(
+        key()
+            .network("2001:db8:a:b:c:d:e:f".parse().unwrap())
+            .to_string(),
+        "2001:db8:a:b::/64"
+    );
+}
+
+#[tokio::test]
+async fn route_keys_are_templates_never_client_paths() {
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(ManualClock::new(START_MICROS)));
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    // Inside routing: the template names the bucket, whatever the id.
+    let templated = Router::new().route(
+        "/items/{id}",
+        get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+            limiter("items", policy, &store, FailureMode::Closed),
+            RouteKey,
+        )),
+    );
+    // A MethodRouter built with `any` takes `layer`; it still runs inside routing.
+    let any_method = Router::new().route(
+        "/any/{id}",
+        axum::routing::any(|| async { "ok" }).layer(RateLimitLayer::new(
+            limiter("any", policy, &store, FailureMode::Closed),
+            RouteKey,
+        )),
+    );
+    // Outside routing (Router::layer): no template, so one fixed bucket, not one per path.
+    let outside = Router::new()
+        .fallback(|| async { "ok" })
+        .layer(RateLimitLayer::new(
+            limiter("outside", policy, &store, FailureMode::Closed),
+            RouteKey,
+        ));
+    let mut seen = Vec::new();
+    for (app, path) in [
+        (&templated, "/items/1"),
+        (&templated, "/items/2"),
+        (&templated, "/items/3?x=y"),
+        (&any_method, "/any/1"),
+        (&any_method, "/any/2"),
+        (&outside, "/a"),
+        (&outside, "/b/c"),
+        (&outside, "/items/1"),
+        (&outside, "/%2e%2e/whatever"),
+    ] {
+        let resp = send(app, get_req(path)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        seen.push(remaining(&resp));
+    }
+    assert_eq!(seen, [9, 8, 7, 9, 8, 9, 8, 7, 6]);
+}
+
+/// The header names of a response, sorted.
+fn names(resp: &Response<Body>) -> Vec<String> {
+    let mut names: Vec<String> = resp.headers().keys().map(ToString::to_string).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A route per failure mode, all under `policy`: `shared` on a working store, `open` and
+/// `fallback` (degraded, 2 expected instances) on a store that is down.
+fn failure_mode_app(policy: Policy, clock: &ManualClock) -> Router {
+    let up: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let down: Arc<dyn Store> = Arc::new(LocalStore::builder().max_keys(0).build());
+    let mut app = Router::new();
+    for (name, store, mode) in [
+        ("shared", &up, FailureMode::Closed),
+        ("open", &down, FailureMode::Open),
+        ("fallback", &down, FailureMode::degraded(2)),
+    ] {
+        let layer = RateLimitLayer::new(limiter(name, policy, store, mode), RouteKey)
+            .cost(HeaderCost::new("x-cost".parse().unwrap(), 1, 1, 100).unwrap())
+            .legacy_headers(true);
+        app = app.route(
+            &format!("/{name}"),
+            get(|| async { "ok" }).route_layer(layer),
+        );
+    }
+    app
+}
+
+fn with_cost(path: &str, cost: u64) -> Request<Body> {
+    let mut req = get_req(path);
+    req.headers_mut()
+        .insert("x-cost", cost.to_string().parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn bypassed_and_degraded_allows_look_like_shared_ones() {
+    for (algorithm, policy) in [
+        (
+            "token-bucket",
+            Policy::token_bucket(6, Rate::new(2, Duration::from_secs(3))).unwrap(),
+        ),
+        (
+            "fixed-window",
+            Policy::fixed_window(6, Duration::from_secs(30)).unwrap(),
+        ),
+        (
+            "sliding-log",
+            Policy::sliding_log(6, Duration::from_secs(30)).unwrap(),
+        ),
+    ] {
+        let clock = ManualClock::new(START_MICROS);
+        let app = failure_mode_app(policy, &clock);
+        for cost in [1, 2, 6] {
+            // The shared answer on an untouched bucket: reset it by moving past its expiry.
+            clock.advance(Duration::from_secs(3600));
+            let shared = send(&app, with_cost("/shared", cost)).await;
+            let open = send(&app, with_cost("/open", cost)).await;
+            let fallback = send(&app, with_cost("/fallback", cost)).await;
+            let what = format!("{algorithm} cost {cost}");
+            assert_eq!(shared.status(), StatusCode::OK, "{what}");
+            assert_eq!(open.status(), StatusCode::OK, "{what}");
+            // Same set of fields, whatever made the decision.
+            assert_eq!(names(&open), names(&shared), "{what}");
+            let (sh, op) = (shared.headers(), open.headers());
+            assert_eq!(
+                params(op, "ratelimit-policy"),
+                params(sh, "ratelimit-policy"),
+                "{what}"
+            );
+            for name in ["x-ratelimit-limit", "x-ratelimit-remaining"] {
+                assert_eq!(field(op, name), field(sh, name), "{what}: {name}");
+            }
+            let w = param(sh, "ratelimit-policy", "w");
+            let t = param(op, "ratelimit", "t");
+            if algorithm == "fixed-window" {
+                // Until the current window ends by this host's clock (not the test's).
+                assert!((1..=w).contains(&t), "{what}: t={t}");
+                assert_eq!(
+                    field(op, "x-ratelimit-reset"),
+                    Some(t.to_string().as_str()),
+                    "{what}"
+                );
+                assert_eq!(param(op, "ratelimit", "r"), 6 - cost, "{what}");
+            } else {
+                // Exactly what the shared store answers for an untouched bucket.
+                assert_eq!(params(op, "ratelimit"), params(sh, "ratelimit"), "{what}");
+                assert_eq!(
+                    field(op, "x-ratelimit-reset"),
+                    field(sh, "x-ratelimit-reset"),
+                    "{what}"
+                );
+            }
+            // Never the full quota with nothing to wait for, which no enforced answer carries.
+            assert!(param(op, "ratelimit", "r") < 6 && t >= 1, "{what}");
+
+            // Degraded (3 of 6 locally): same fields, the policy's limit, plausible numbers.
+            if cost <= 3 {
+                assert_eq!(fallback.status(), StatusCode::OK, "{what}");
+                assert_eq!(names(&fallback), names(&shared), "{what}");
+                let fb = fallback.headers();
+                assert_eq!(
+                    params(fb, "ratelimit-policy"),
+                    params(sh, "ratelimit-policy"),
+                    "{what}"
+                );
+                assert_eq!(field(fb, "x-ratelimit-limit"), Some("6"), "{what}");
+                let (rem, reset) = (param(fb, "ratelimit", "r"), param(fb, "ratelimit", "t"));
+                assert!(
+                    rem < 6 && (1..=w).contains(&reset),
+                    "{what}: r={rem} t={reset}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_instance_behind_a_rollout_shows_the_quota_that_decided() {
+    // Two instances share one store; the second already runs a newer policy (10, not 4, per
+    // minute). The store decides the first instance's requests under the stored, newer
+    // parameters, so its fields must not claim q=4 next to r=8.
+    let clock = ManualClock::new(START_MICROS);
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let old = Policy::fixed_window(4, Duration::from_secs(60)).unwrap();
+    let new = Policy::fixed_window(10, Duration::from_secs(60))
+        .unwrap()
+        .with_generation(1);
+    let instance = |policy| {
+        let layer = RateLimitLayer::new(
+            limiter("api", policy, &store, FailureMode::Closed),
+            RouteKey,
+        )
+        .legacy_headers(true);
+        Router::new().route("/x", get(|| async { "ok" }).route_layer(layer))
+    };
+    let (behind, ahead) = (instance(old), instance(new));
+    let resp = send(&ahead, get_req("/x")).await;
+    assert_eq!(
+        field(resp.headers(), "ratelimit-policy"),
+        Some(r#""api";q=10;w=60"#)
+    );
+    assert_eq!(remaining(&resp), 9);
+    let resp = send(&behind, get_req("/x")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let h = resp.headers();
+    assert_eq!(field(h, "ratelimit"), Some(r#""api";r=8;t=40"#));
+    // The quota that decided; its window is not known here, so `w` is left out.
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=10"#));
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
+    assert_eq!(field(h, "x-ratelimit-remaining"), Some("8"));
+    // Once it runs the newer policy too, the window is shown again.
+    let resp = send(&ahead, get_req("/x")).await;
+    assert_eq!(
+        field(resp.headers(), "ratelimit-policy"),
+        Some(r#""api";q=10;w=60"#)
+    );
+    assert_eq!(remaining(&resp), 7);
+}
