@@ -890,6 +890,56 @@ async fn a_server_running_a_long_script_is_busy() {
     assert!(store.acquire(&key("busy"), &p, 1).await.unwrap().allowed);
 }
 
+/// An admission (it writes) against a server that refuses writes for now must be an outage
+/// (the operation's failure mode applies), never a script error; a denial writes nothing and
+/// still answers.
+async fn refuses_writes_as_unavailable(server: &Server, code: &str) {
+    let store = server.multiplexed().await;
+    for p in [
+        Policy::token_bucket(5, Rate::new(1, HOUR)).unwrap(),
+        Policy::fixed_window(5, HOUR).unwrap(),
+        Policy::sliding_log(5, HOUR).unwrap(),
+    ] {
+        let err = store.acquire(&key("refused"), &p, 1).await.unwrap_err();
+        assert!(format!("{err:?}").contains(code), "{err:?}");
+        assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+    }
+}
+
+#[tokio::test]
+async fn noreplicas_is_unavailable() {
+    // min-replicas-to-write 1 and no replica: every write is refused with NOREPLICAS.
+    let server = Server::start_with_args(&["--min-replicas-to-write".into(), "1".into()]);
+    refuses_writes_as_unavailable(&server, "NOREPLICAS").await;
+}
+
+#[tokio::test]
+async fn misconf_after_a_failed_snapshot_is_unavailable() {
+    // A snapshot that cannot be written (its directory is gone, which stops root too) with
+    // stop-writes-on-bgsave-error and a save point: writes are refused with MISCONF.
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("gone");
+    std::fs::create_dir(&dir).unwrap();
+    let server = Server::start_with_args(&[
+        "--dir".into(),
+        dir.display().to_string(),
+        "--save".into(),
+        "3600 1".into(),
+        "--stop-writes-on-bgsave-error".into(),
+        "yes".into(),
+    ]);
+    std::fs::remove_dir(&dir).unwrap();
+    let () = redis::cmd("BGSAVE").query(&mut server.conn()).unwrap();
+    let failed = (0..2000).any(|_| {
+        std::thread::sleep(Duration::from_millis(5));
+        info_field(&server, "persistence", "rdb_bgsave_in_progress").as_deref() == Some("0")
+            && info_field(&server, "persistence", "rdb_last_bgsave_status").as_deref()
+                == Some("err")
+    });
+    assert!(failed, "the snapshot did not fail within 10 s");
+    refuses_writes_as_unavailable(&server, "MISCONF").await;
+}
+
 #[tokio::test]
 async fn memory_usage_per_idle_key_is_small() {
     let server = Server::start();
