@@ -71,6 +71,8 @@ if raw and not cnt then
   -- malformed one: a missing bucket).
   if ok and rcount then
     local newer = gen > rg or (gen == rg and not (rlimit == limit and rwindow == window))
+    -- the same generation with other parameters takes over by carry, whatever the rule
+    if gen == rg then rule = 1 end
     if newer and rpe <= gen and rule ~= 3 then
       -- convert: what the current window has used under the old parameters; then the rule
       local eff, used = now, 0

@@ -110,4 +110,6 @@ end
 -- own or not, `same`) when its generation is higher, or equal with other parameters. An
 -- older or equal caller is decided under the stored parameters; so is a newer one while a
 -- deferral at least as new as the caller runs (pending `rpe` > caller's generation). A newer
--- caller then converts the bucket by its rule, or (rule 3) defers to the bucket's expiry.
+-- caller then converts the bucket by its rule, or (rule 3) defers to the bucket's expiry;
+-- a caller of the same generation with other parameters converts by carry (rule 1) whatever
+-- its rule: only a generation bump may grant a fresh bucket or start a deferral.

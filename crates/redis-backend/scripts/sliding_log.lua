@@ -81,6 +81,8 @@ local times, costs, n, base = {}, {}, 0, nil
 if sr then
   local o = sr.params
   local newer = gen > sr.gen or (gen == sr.gen and not (o[1] == limit and o[2] == window))
+  -- the same generation with other parameters takes over by carry, whatever the rule
+  if gen == sr.gen then rule = 1 end
   if not newer or sr.pe > gen or rule == 3 then
     -- the stored parameters govern; a newer caller with rule 3 starts a deferral
     glimit, gwindow, g = o[1], o[2], sr.gen

@@ -82,6 +82,8 @@ if raw and not stored then
   if ok and rupdated then
     local same = rcap == capacity and runit == unit and rrate == rate and rmax == max_elapsed
     local newer = gen > rg or (gen == rg and not same)
+    -- the same generation with other parameters takes over by carry, whatever the rule
+    if gen == rg then rule = 1 end
     if newer and rpe <= gen and rule ~= 3 then
       -- convert: the old bucket's level now, under its own parameters; then the caller's rule
       local ocap, ncap = rcap * runit, capacity * unit

@@ -431,3 +431,23 @@ async fn sliding_log_generations_and_transitions_equal_the_core_maths() {
     ]);
     differential_on("sliding log transitions", &policies, seed() ^ 7, true).await;
 }
+
+/// One generation (0), other parameters, every rule, on shared keys: at an equal generation the
+/// caller's parameters take over by carry whatever the rule, in Lua as in the core maths.
+#[tokio::test]
+async fn equal_generations_take_over_by_carry_equal_the_core_maths() {
+    let mut policies = Vec::new();
+    for base in [
+        Policy::token_bucket(5, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::token_bucket(4, Rate::per_second(1)).unwrap(),
+        Policy::fixed_window(5, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window(4, Duration::from_millis(2_500)).unwrap(),
+        Policy::sliding_log(5, Duration::from_secs(1)).unwrap(),
+        Policy::sliding_log(4, Duration::from_millis(2_500)).unwrap(),
+    ] {
+        for rule in Transition::ALL {
+            policies.push(base.with_transition(rule));
+        }
+    }
+    differential_on("equal generations", &policies, seed() ^ 8, true).await;
+}

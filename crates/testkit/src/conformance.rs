@@ -86,6 +86,7 @@ macro_rules! conformance_tests {
             acquire_many_with_an_invalid_request_writes_nothing,
             concurrent_acquires_never_admit_more_than_capacity,
             newer_generation_carries_and_then_governs_older_callers,
+            equal_generations_with_other_parameters_enforce_one_bound,
         }
     };
     (@names () $($case:ident,)*) => {
@@ -906,6 +907,47 @@ pub async fn newer_generation_carries_and_then_governs_older_callers<H: Harness>
     }
 }
 
+/// Two policies of one generation (0) with other parameters (limits 5 and 4), alternating on
+/// one key with no time passing: whatever their transition rule, the bucket is never granted
+/// afresh. At an equal generation the caller's parameters take over by `Carry` (the rule
+/// applies only to a strictly newer generation), so together they admit at most the larger
+/// limit, 5.
+pub async fn equal_generations_with_other_parameters_enforce_one_bound<H: Harness>(h: &H) {
+    h.set_time(T0 + 50_000 * SEC).await;
+    let smaller = [
+        tb(4, Rate::new(5, Duration::from_secs(5))),
+        fw(4, 10),
+        sl(4, 10),
+    ];
+    for ((name, five), four) in all_algorithms().into_iter().zip(smaller) {
+        for rule in [
+            Transition::Reset,
+            Transition::Carry,
+            Transition::Proportional,
+            Transition::DeferUntilExpiry,
+        ] {
+            let bucket = key("equal-generations", &format!("{name}-{rule}"));
+            let pair = [five.with_transition(rule), four.with_transition(rule)];
+            let mut admitted = 0;
+            for _ in 0..50 {
+                for caller in &pair {
+                    let got = acquire(h, &bucket, caller, 1).await;
+                    assert_eq!(
+                        got.limit,
+                        caller.limit(),
+                        "{name} {rule}: the caller's limit governs"
+                    );
+                    admitted += u64::from(got.allowed);
+                }
+            }
+            assert_eq!(
+                admitted, 5,
+                "{name} {rule}: generation 0 with limits 5 and 4 alternating admitted {admitted} with no time passing"
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -914,6 +956,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 27);
+        assert_eq!(names.len(), 28);
     }
 }

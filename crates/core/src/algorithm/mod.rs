@@ -97,7 +97,16 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
             keep_expiry: false,
         };
     };
+    // A newer generation, or the same one with other parameters, takes over; only a strictly
+    // newer one applies its transition rule: at an equal generation the caller's parameters
+    // take over by `Carry`, so a parameter change without a generation bump never grants a
+    // fresh bucket (two instances disagreeing at one generation enforce one bound).
     let newer = g > r.generation || (g == r.generation && r.params != caller);
+    let rule = if g > r.generation {
+        policy.transition()
+    } else {
+        Transition::Carry
+    };
     let deferred_for_caller = r.pending.is_some_and(|p| p >= g);
     let stored_governs = Plan {
         generation: r.generation,
@@ -110,7 +119,7 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
     if !newer || deferred_for_caller {
         return stored_governs;
     }
-    match policy.transition() {
+    match rule {
         Transition::DeferUntilExpiry => Plan {
             pending: Some(g),
             changed: true,
@@ -133,8 +142,9 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
 /// what a commit would have decided.
 ///
 /// The governing policy is settled first: a missing bucket, or one of another algorithm,
-/// starts fresh under `policy`; a bucket written by an older generation (or by the same
-/// generation with other parameters) moves to `policy` by its [`Transition`] rule; a bucket
+/// starts fresh under `policy`; a bucket written by an older generation moves to `policy` by
+/// its [`Transition`] rule, one written by the same generation with other parameters by
+/// [`Transition::Carry`] whatever the rule (a fresh bucket needs a generation bump); a bucket
 /// written by a newer generation, or deferring to one at least as new as `policy`, is decided
 /// under its stored parameters. A cost above the governing limit is
 /// [`PolicyError::CostAboveCapacity`] and writes nothing.

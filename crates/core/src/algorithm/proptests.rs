@@ -1051,6 +1051,13 @@ mod frozen {
             };
         };
         let newer = g > r.generation || (g == r.generation && r.params != caller);
+        // (Changed since the copy, in both: the same generation with other parameters takes
+        // over by `Carry` whatever the rule.)
+        let rule = if g > r.generation {
+            policy.transition()
+        } else {
+            Transition::Carry
+        };
         let deferred_for_caller = r.pending.is_some_and(|p| p >= g);
         let stored_governs = Plan {
             generation: r.generation,
@@ -1063,7 +1070,7 @@ mod frozen {
         if !newer || deferred_for_caller {
             return stored_governs;
         }
-        match policy.transition() {
+        match rule {
             Transition::DeferUntilExpiry => Plan {
                 pending: Some(g),
                 changed: true,
