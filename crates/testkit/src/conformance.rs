@@ -68,6 +68,7 @@ macro_rules! conformance_tests {
             token_bucket_clock_step_back_gives_no_credit,
             token_bucket_forward_jump_refills_at_most_to_capacity,
             token_bucket_max_elapsed_caps_what_a_jump_buys,
+            token_bucket_max_elapsed_holds_only_while_the_key_lives,
             fixed_window_missing_window_is_empty,
             fixed_window_resets_at_the_epoch_aligned_boundary,
             fixed_window_denies_when_cost_exceeds_remaining,
@@ -447,6 +448,28 @@ pub async fn token_bucket_max_elapsed_caps_what_a_jump_buys<H: Harness>(h: &H) {
     h.set_time(t + 5 * SEC).await;
     expect(h, "5 s later, 2 s credited", &k, &p, 1, allowed(1, 9 * SEC)).await;
     expect(h, "nothing more", &k, &p, 2, denied(1, SEC, 9 * SEC)).await;
+}
+
+/// The cap on credited time bounds a jump only while the key lives. An emptied bucket's key
+/// expires when the bucket would be full again at the full rate (capacity 10 at 1/s: 10 s), in
+/// the store's own clock; a jump past that finds no bucket, and a missing bucket is full —
+/// what the full refill would have given without the cap. Just before the expiry the jump
+/// buys 2 s worth (the cap); just after it, the whole capacity.
+pub async fn token_bucket_max_elapsed_holds_only_while_the_key_lives<H: Harness>(h: &H) {
+    let t = T0 + 9_500 * SEC;
+    h.set_time(t).await;
+    let (lives, expired) = (key("tb-maxelapsed-ttl", "a"), key("tb-maxelapsed-ttl", "b"));
+    let p = tb(10, Rate::per_second(1))
+        .with_max_elapsed(Duration::from_secs(2))
+        .expect("valid cap");
+    expect(h, "empty a", &lives, &p, 10, allowed(0, 10 * SEC)).await;
+    expect(h, "empty b", &expired, &p, 10, allowed(0, 10 * SEC)).await;
+    h.set_time(t + 10 * SEC - MS).await;
+    let step = "1 ms before the expiry: 2 s credited, not 9.999 s";
+    expect(h, step, &lives, &p, 3, denied(2, SEC, 8 * SEC)).await;
+    h.set_time(t + 10 * SEC + MS).await;
+    let step = "1 ms after the expiry: a fresh, full bucket";
+    expect(h, step, &expired, &p, 10, allowed(0, 10 * SEC)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -956,6 +979,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 28);
+        assert_eq!(names.len(), 29);
     }
 }
