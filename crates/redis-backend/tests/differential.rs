@@ -451,3 +451,24 @@ async fn equal_generations_take_over_by_carry_equal_the_core_maths() {
     }
     differential_on("equal generations", &policies, seed() ^ 8, true).await;
 }
+
+/// Algorithm changes on live buckets: token buckets, fixed windows and sliding logs at
+/// generations 0 to 6 under every rule take turns on shared keys (one record per key whatever
+/// the algorithm), so every rule converts every algorithm into every other, older callers are
+/// decided under a newer record of another algorithm, and deferrals across algorithms run out.
+#[tokio::test]
+async fn algorithm_changes_across_generations_equal_the_core_maths() {
+    let policies = generations(&[
+        Policy::token_bucket(10, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::fixed_window(5, Duration::from_secs(1)).unwrap(),
+        Policy::sliding_log(6, Duration::from_millis(1500)).unwrap(),
+        Policy::token_bucket(4, Rate::per_second(1))
+            .unwrap()
+            .with_max_elapsed(Duration::from_millis(2_500))
+            .unwrap(),
+        Policy::fixed_window(12, Duration::from_millis(2_500)).unwrap(),
+        Policy::sliding_log(3, Duration::from_millis(300)).unwrap(),
+        Policy::token_bucket((1 << 40) + 3, Rate::new(999_983, Duration::from_micros(7))).unwrap(),
+    ]);
+    differential_on("algorithm changes", &policies, seed() ^ 9, true).await;
+}

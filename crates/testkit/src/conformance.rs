@@ -88,6 +88,7 @@ macro_rules! conformance_tests {
             concurrent_acquires_never_admit_more_than_capacity,
             newer_generation_carries_and_then_governs_older_callers,
             equal_generations_with_other_parameters_enforce_one_bound,
+            newest_generation_governs_across_algorithms,
         }
     };
     (@names () $($case:ident,)*) => {
@@ -971,6 +972,82 @@ pub async fn equal_generations_with_other_parameters_enforce_one_bound<H: Harnes
     }
 }
 
+/// A mid-rollout algorithm change: generation 1 is a fixed window (3 per 10 s), generation 0
+/// a token bucket (5, 1/s), alternating on one key with no time passing. One bucket per key
+/// whatever the algorithm, so the fleet enforces exactly generation 1's policy: generation-0
+/// callers are decided under the stored fixed window (its limit in their decisions), and
+/// generation 1 moves a token bucket it meets by its rule (`Carry`: the 2 tokens used stay
+/// used; `Proportional`: 3 of 5 left → 1 of 3 left; `Reset`: a fresh window;
+/// `DeferUntilExpiry`: the token bucket governs until its key expires, then the window).
+pub async fn newest_generation_governs_across_algorithms<H: Harness>(h: &H) {
+    let t = T0 + 60_000 * SEC;
+    let old = tb(5, Rate::per_second(1));
+    let window = fw(3, 10);
+    // the fixed window meets no bucket: it writes one, and every caller obeys it
+    h.set_time(t).await;
+    let k = key("across-algorithms", "fresh");
+    let new = window.with_generation(1).with_transition(Transition::Reset);
+    let mut admitted = 0;
+    for i in 0..10 {
+        for caller in [&new, &old] {
+            let got = acquire(h, &k, caller, 1).await;
+            assert_eq!(
+                got.limit, 3,
+                "fresh, call {i}: generation 1 governs ({got:?})"
+            );
+            admitted += u64::from(got.allowed);
+        }
+    }
+    assert_eq!(
+        admitted, 3,
+        "fresh: one fixed window of 3 for both algorithms"
+    );
+    // the token bucket wrote first (2 taken); generation 1 meets it under each rule
+    for (rule, after) in [
+        (Transition::Reset, 3),
+        (Transition::Carry, 1),
+        (Transition::Proportional, 1),
+        (Transition::DeferUntilExpiry, 3),
+    ] {
+        let t = t + 100 * SEC;
+        h.set_time(t).await;
+        let k = key("across-algorithms", &format!("{rule}"));
+        let new = window.with_generation(1).with_transition(rule);
+        expect(h, "generation 0 first", &k, &old, 2, allowed(3, 2 * SEC)).await;
+        let governing = if rule == Transition::DeferUntilExpiry {
+            5
+        } else {
+            3
+        };
+        let mut admitted = 0;
+        for i in 0..10 {
+            for caller in [&new, &old] {
+                let got = acquire(h, &k, caller, 1).await;
+                assert_eq!(got.limit, governing, "{rule}, call {i}: {got:?}");
+                admitted += u64::from(got.allowed);
+            }
+        }
+        assert_eq!(
+            admitted, after,
+            "{rule}: admitted after generation 1 arrived"
+        );
+        if rule == Transition::DeferUntilExpiry {
+            // the token bucket's key expires (it kept its expiry, t + 2 s: the 2 tokens'
+            // refill); then generation 1 writes a fixed window, which governs everyone
+            h.set_time(t + 3 * SEC).await;
+            let mut admitted = 0;
+            for i in 0..10 {
+                for caller in [&new, &old] {
+                    let got = acquire(h, &k, caller, 1).await;
+                    assert_eq!(got.limit, 3, "{rule} after expiry, call {i}: {got:?}");
+                    admitted += u64::from(got.allowed);
+                }
+            }
+            assert_eq!(admitted, 3, "{rule}: after expiry, one fixed window of 3");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -979,6 +1056,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 29);
+        assert_eq!(names.len(), 30);
     }
 }
