@@ -105,7 +105,7 @@ static SCRIPTS: LazyLock<[Script; 1]> = LazyLock::new(|| {
             "else\n",
             include_str!("../scripts/token_bucket.lua"),
             include_str!("../scripts/epilogue.lua"),
-            "end\nend\nreturn redis.error_reply('ERR tollgate: redirected twice')\n"
+            "end\nend\nreturn redis.error_reply('ERR tollgate bug: redirected twice')\n"
         ),
     )]
 });

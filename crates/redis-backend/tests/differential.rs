@@ -5,9 +5,11 @@
 //! core maths to a map with Redis's millisecond expiry. Every decision, every stored record
 //! (byte for byte, and decoded) and every key's remaining TTL must be identical.
 //!
-//! Policy changes: with shared keys, callers of several policies of one algorithm — different
-//! parameters, generations and transition rules — take turns on live buckets, so every rule
-//! meets buckets written by older, newer and same-generation policies, growing and shrinking.
+//! Policy changes: with shared keys, callers of several policies — different parameters,
+//! generations and transition rules, of one algorithm or of all three (one record per key
+//! whatever the algorithm) — take turns on live buckets, so every rule meets buckets written by
+//! older, newer and same-generation policies, growing and shrinking, and converts every
+//! algorithm into every other.
 
 mod common;
 
