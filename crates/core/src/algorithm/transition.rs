@@ -289,6 +289,47 @@ mod tests {
     }
 
     #[test]
+    fn across_algorithms_carry_keeps_the_use_and_proportional_the_fraction() {
+        let tb = Policy::token_bucket(10, crate::Rate::per_second(1)).unwrap();
+        let fw = Policy::fixed_window(4, Duration::from_secs(10)).unwrap();
+        let sl = Policy::sliding_log(4, Duration::from_secs(10)).unwrap();
+        let t = 1_700_000_000_000_000;
+        // 3.5 of 10 tokens left at t: 6.5 used
+        let bucket = State::TokenBucket(TokenBucketState {
+            level: 3_500_000,
+            updated: t,
+        });
+        let window = |rule| match convert(rule, &alg(&tb), &bucket, &alg(&fw), t) {
+            State::FixedWindow(s) => (s.window_start, s.count),
+            _ => unreachable!(),
+        };
+        // carry: 7 requests used (rounded up), at most 4; proportional: 35 % of 4 left → 1
+        assert_eq!(window(Transition::Carry), (t, 4));
+        assert_eq!(window(Transition::Proportional), (t, 3));
+        assert_eq!(window(Transition::Reset), (t, 0));
+        let State::SlidingLog(log) =
+            convert(Transition::Proportional, &alg(&tb), &bucket, &alg(&sl), t)
+        else {
+            unreachable!()
+        };
+        assert_eq!(log.entries, VecDeque::from([(t, 3)]));
+        // a live window of 10 with 3 used, into a token bucket of 4 at 1/s
+        let ten = Policy::fixed_window(10, Duration::from_secs(10)).unwrap();
+        let four = Policy::token_bucket(4, crate::Rate::per_second(1)).unwrap();
+        let counted = State::FixedWindow(FixedWindowState {
+            window_start: t,
+            count: 3,
+        });
+        let level = |rule| match convert(rule, &alg(&ten), &counted, &alg(&four), t + 5) {
+            State::TokenBucket(s) => (s.level, s.updated),
+            _ => unreachable!(),
+        };
+        assert_eq!(level(Transition::Carry), (1_000_000, t + 5));
+        assert_eq!(level(Transition::Proportional), (2_800_000, t + 5));
+        assert_eq!(level(Transition::Reset), (4_000_000, t + 5));
+    }
+
+    #[test]
     fn muldiv_is_exact_at_the_extremes() {
         let m = 1u64 << 52;
         assert_eq!(muldiv(m, m, m, u64::MAX), m);
