@@ -206,9 +206,13 @@ impl Bare {
         &self.sha
     }
 
-    /// The key of bucket `id`.
+    /// The key of bucket `id` (tollgate's script: `<prefix>{<id>}`, as the store names it).
     pub(crate) fn key(&self, id: impl std::fmt::Display) -> String {
-        format!("{}{{{id}}}:{}", self.prefix, self.suffix)
+        if self.suffix.is_empty() {
+            format!("{}{{{id}}}", self.prefix)
+        } else {
+            format!("{}{{{id}}}:{}", self.prefix, self.suffix)
+        }
     }
 }
 

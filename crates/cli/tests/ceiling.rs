@@ -97,7 +97,7 @@ fn tollgate_scripts_run_by_policy_and_errors_are_reported() {
     assert!(text.contains("requests/s"), "{text}");
     let mut conn = server.client().get_connection().unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("tollgate:{load:k*}:tb")
+        .arg("tollgate:{load:k*}")
         .query(&mut conn)
         .unwrap();
     assert!(!keys.is_empty());

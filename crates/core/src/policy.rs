@@ -432,7 +432,10 @@ impl Policy {
     }
 
     /// For a token bucket, caps the elapsed time one call may credit, so that a forward clock
-    /// jump buys at most `cap` worth of tokens. Ignored by other algorithms.
+    /// jump buys at most `cap` worth of tokens — while the bucket's key lives. A jump past the
+    /// key's expiry (an emptied bucket's refill time at the full rate) finds a missing bucket,
+    /// which is full: what the full refill would give without the cap (docs/clock.md, rule 5).
+    /// Ignored by other algorithms.
     ///
     /// The cap cannot tell a clock jump from a quiet spell, so a real wait longer than `cap` is
     /// also credited only `cap` per call. `retry_after` accounts for it: it never exceeds `cap`,

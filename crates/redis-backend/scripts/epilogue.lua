@@ -17,7 +17,8 @@ if rec then
       string.format('%d', reset > 0 and (reset + 999) / 1000 or 1))
   end
 end
-if allowed == 1 and own and remaining < 65536 and reset < PACKED then
+if allowed == 1 and own and not via and remaining < 65536 and reset < PACKED then
   return remaining * PACKED + reset
 end
 return struct.pack(REPLY, allowed, remaining, retry, reset, limit)
+until true

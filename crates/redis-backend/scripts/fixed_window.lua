@@ -13,9 +13,9 @@
 -- and the values. A value of another type than number where the checks compare it (a
 -- MessagePack string, nil, ...), or an argument that is not MessagePack, raises a Lua error
 -- before anything is written; every other invalid argument is refused by `slow().refuse`.
-local arg, n, tag, gen, pe, limit, window, e, rule, cost, commit
-if #K == 1 and #ARGV == 1 then
-  arg = ARGV[1]
+repeat -- until true: `break` leaves the block when another algorithm's record governs
+local n, tag, gen, pe, limit, window, e, rule, cost, commit
+if arg then
   n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
   if n > 0 then e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n) end
 end
@@ -31,9 +31,12 @@ if not (e == -1 and tag == 2 and pe == 0 and (commit == 0 or commit == 1) and ge
 end
 local head = string.sub(arg, 1, n)
 
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local raw = redis.call('GET', K[1])
+-- Redis time and the stored record, once per script (a redirected pass reuses them)
+if not now then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+  raw = redis.call('GET', K[1])
+end
 
 -- The stored record, run by pcall (a record that is not MessagePack, or holds a non-number
 -- where a number belongs, raises: a missing bucket). Captures nothing; only a stored bucket
@@ -65,12 +68,15 @@ end
 
 -- the governing parameters, generation and pending deferral, whether they are the caller's
 -- head (then the record is written as head .. state); the stored window and count
-local glimit, gwindow, g, pe, own, changed, keep = limit, window, gen, 0, true, st == nil, false
+local glimit, gwindow, g, pe, own, changed, keep =
+  limit, window, gen, 0, true, st == nil or force, false
 if raw and not cnt then
   -- The general path: a record of other parameters, generation or a pending deferral (or a
   -- malformed one: a missing bucket).
   if ok and rcount then
     local newer = gen > rg or (gen == rg and not (rlimit == limit and rwindow == window))
+    -- the same generation with other parameters takes over by carry, whatever the rule
+    if gen == rg then rule = 1 end
     if newer and rpe <= gen and rule ~= 3 then
       -- convert: what the current window has used under the old parameters; then the rule
       local eff, used = now, 0
@@ -91,8 +97,19 @@ if raw and not cnt then
       if newer and rpe <= gen then
         pe, keep = gen + 1, true
       else
-        pe, changed, keep = rpe, false, rpe > 0
+        pe, changed, keep = rpe, force, rpe > 0
       end
+    end
+  elseif not via then
+    -- a record of another algorithm (or a malformed one: a missing bucket)
+    local x = slow().cross(raw, now, 2, gen, rule, cost, commit, limit, 1)
+    if x and x.over then return struct.pack(REPLY, -1, 0, -1, 0, x.over) end
+    if x and x.arg then
+      arg, raw, force, via = x.arg, x.raw, x.force, true
+      break
+    end
+    if x and x.used then
+      st, cnt, changed = x.eff - x.eff % window, x.used, true
     end
   end
 end

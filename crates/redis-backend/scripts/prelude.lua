@@ -46,6 +46,20 @@ local K = KEYS
 local REPLY = '<i8i8i8i8i8'
 local PACKED = 137438953472 -- 2^37
 
+-- One record per bucket whatever the algorithm, and one script for every algorithm: the
+-- caller's argument picks the algorithm's block (scripts.rs puts them after this prelude, each
+-- followed by the epilogue, inside a loop of at most two passes). A block that meets a record
+-- of another algorithm asks `slow().cross` who governs: the caller (a newer generation, or the
+-- same one: the old bucket converted by the caller's rule, or fresh), or the stored record (an
+-- older caller, a pending deferral at least as new as the caller, or a newer caller deferring).
+-- In the last case the block sets `arg` to the stored record's own head (a caller of the
+-- stored policy), `raw` to the record (its deferral marked when the caller starts one, with
+-- `force`: write it even on a denial) and `via`, and leaves (`break`); the next pass runs the
+-- stored algorithm's block as that caller, on the same `now` and record: one decision, in one
+-- atomic script. `via`: the reply carries the governing limit (no integer reply).
+local arg = #K == 1 and #ARGV == 1 and ARGV[1]
+local now, raw, via, force
+
 -- The helpers of the rare paths.
 local function slow()
   local h, max = {}, 2 ^ 52
@@ -103,6 +117,113 @@ local function slow()
     end
     return math.min(base + q, mx)
   end
+  -- A stored record (any algorithm) checked as its own block checks it, and its use at
+  -- eff = max(now, its stored time) under its own parameters (as tollgate_core's
+  -- transition::usage): used of total, in units of `unit` per request. Raises (in the pcall
+  -- of `cross`) or returns nothing for a malformed record.
+  function h.usage(raw, now)
+    local skip, tag, g, pe = cmsgpack.unpack_limit(raw, 3)
+    if not (skip > 0 and g >= 0 and g <= max and pe >= 0 and pe <= max + 1
+        and g % 1 + pe % 1 == 0) then
+      return nil
+    end
+    local r = { tag = tag, g = g, pe = pe, skip = skip }
+    if tag == 1 then
+      local _, _, _, cap, unit, rate, mx, level, upd, extra = cmsgpack.unpack(raw)
+      if not (upd and extra == nil and cap >= 1 and unit >= 1 and rate >= 1
+          and cap * unit + rate <= max and mx >= 0 and mx <= max and level >= 0
+          and level <= max and upd >= 0 and upd <= max * 2 and cap % 1 + unit % 1 + rate % 1
+          + mx % 1 + level % 1 + upd % 1 == 0) then
+        return nil
+      end
+      local total = cap * unit
+      local eff = upd > now and upd or now
+      level = level < total and level or total
+      local elapsed, d = eff - upd, total - level
+      if mx > 0 and elapsed > mx then elapsed = mx end
+      if elapsed * rate >= d then level = total else level = level + elapsed * rate end
+      r.params, r.eff, r.used, r.total, r.unit = { cap, unit, rate, mx }, eff, total - level,
+        total, unit
+    elseif tag == 2 then
+      local _, _, _, lim, win, st, cnt, extra = cmsgpack.unpack(raw)
+      if not (cnt and extra == nil and lim >= 1 and lim <= max and win >= 1 and win <= max
+          and st >= 0 and st <= max * 2 and cnt >= 0 and cnt <= max
+          and lim % 1 + win % 1 + st % 1 + cnt % 1 == 0) then
+        return nil
+      end
+      local used = 0
+      if st >= now - now % win then used = cnt < lim and cnt or lim end
+      r.params, r.eff, r.used, r.total, r.unit = { lim, win }, st > now and st or now, used,
+        lim, 1
+    elseif tag == 3 then
+      local next, _, _, _, lim, win = cmsgpack.unpack_limit(raw, 5)
+      if not (win and lim >= 1 and lim <= 1000 and win >= 1 and win <= max
+          and lim % 1 + win % 1 == 0) then
+        return nil
+      end
+      local base = next < 0 and #raw + 1 or next + 1
+      if (#raw - base + 1) % 16 ~= 0 or #raw - base + 1 > 16 * 1000 then return nil end
+      local times, costs, n, pos, prev = {}, {}, 0, base, -1
+      while pos < #raw do
+        local et, ec
+        et, ec, pos = struct.unpack('<dd', raw, pos)
+        if not (et > prev and et <= max * 2 and ec >= 1 and ec <= max and et % 1 == 0
+            and ec % 1 == 0) then
+          return nil
+        end
+        n = n + 1
+        times[n], costs[n], prev = et, ec, et
+      end
+      local eff = now
+      if n > 0 and times[n] > now then eff = times[n] end
+      local used = 0
+      for i = 1, n do
+        if times[i] + win > eff then used = used + costs[i] end
+      end
+      r.params, r.eff, r.used, r.total, r.unit = { lim, win }, eff, used < lim and used or lim,
+        lim, 1
+    else
+      return nil
+    end
+    return r
+  end
+  -- A record `raw` of another algorithm than the caller's (tag `mine`), met at `now` by a
+  -- caller of generation `gen`, rule, cost and commit, whose limit is `total` units of `unit`
+  -- per request. Nothing for a malformed record or one of the caller's own algorithm (a
+  -- missing bucket); else one of:
+  --   { over = limit }: the stored record governs and the cost is above its limit;
+  --   { arg, raw, force }: the stored record governs (an older caller, a deferral at least as
+  --     new as the caller's generation pending, or a newer caller deferring, whose deferral
+  --     `raw` then marks, with `force`): decide as a caller of its own policy, `arg`;
+  --   { fresh = true }: the caller's rule is reset: a missing bucket;
+  --   { eff, used }: the caller converts the bucket (carry, proportional, or the same
+  --     generation): its own bucket at `eff` with `used` of its `total` used (as
+  --     tollgate_core's transition::across).
+  function h.cross(raw, now, mine, gen, rule, cost, commit, total, unit)
+    local ok, r = pcall(h.usage, raw, now)
+    if not ok or not r or r.tag == mine then return nil end
+    -- the same generation (other parameters: another algorithm) takes over by carry
+    if gen == r.g then rule = 1 end
+    if gen < r.g or r.pe > gen or rule == 3 then
+      if cost > r.params[1] then return { over = r.params[1] } end
+      local out = { raw = raw,
+        arg = cmsgpack.pack(r.tag, r.g, 0, unpack(r.params)) .. cmsgpack.pack(1, cost, commit) }
+      if gen > r.g and r.pe <= gen then
+        out.raw = cmsgpack.pack(r.tag, r.g, gen + 1) .. string.sub(raw, r.skip + 1)
+        out.force = true
+      end
+      return out
+    end
+    if rule == 0 then return { fresh = true } end
+    local used
+    if rule == 1 then
+      local q = r.used % r.unit
+      used = h.muldiv((r.used - q) / r.unit + (q > 0 and 1 or 0), unit, 1, total)
+    else
+      used = total - h.muldiv(r.total - r.used, total, r.total, total)
+    end
+    return { eff = r.eff, used = used }
+  end
   return h
 end
 
@@ -110,4 +231,6 @@ end
 -- own or not, `same`) when its generation is higher, or equal with other parameters. An
 -- older or equal caller is decided under the stored parameters; so is a newer one while a
 -- deferral at least as new as the caller runs (pending `rpe` > caller's generation). A newer
--- caller then converts the bucket by its rule, or (rule 3) defers to the bucket's expiry.
+-- caller then converts the bucket by its rule, or (rule 3) defers to the bucket's expiry;
+-- a caller of the same generation with other parameters converts by carry (rule 1) whatever
+-- its rule: only a generation bump may grant a fresh bucket or start a deferral.

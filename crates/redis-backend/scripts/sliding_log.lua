@@ -11,14 +11,14 @@
 -- returns allowed 1/0 (-1: cost above the governing limit, nothing written), remaining,
 --         retry_after_us (-1 when allowed), reset_after_us, governing limit (REPLY); most
 --         admissions as one integer, remaining * 2^37 + reset_after_us (see the prelude)
+repeat -- until true: `break` leaves the block when another algorithm's record governs
 local MAX_ENTRIES = 1000
 -- The arguments, checked inline (see the prelude: no closure, no pcall): the head's bytes
 -- and the values. A value of another type than number where the checks compare it (a
 -- MessagePack string, nil, ...), or an argument that is not MessagePack, raises a Lua error
 -- before anything is written; every other invalid argument is refused by `slow().refuse`.
-local arg, n, tag, gen, pe, limit, window, e, rule, cost, commit
-if #K == 1 and #ARGV == 1 then
-  arg = ARGV[1]
+local n, tag, gen, pe, limit, window, e, rule, cost, commit
+if arg then
   n, tag, gen, pe, limit, window = cmsgpack.unpack_limit(arg, 5)
   if n > 0 then e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n) end
 end
@@ -35,10 +35,12 @@ if not (e == -1 and tag == 3 and pe == 0 and (commit == 0 or commit == 1) and ge
 end
 local head = string.sub(arg, 1, n)
 
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-
-local raw = redis.call('GET', K[1])
+-- Redis time and the stored record, once per script (a redirected pass reuses them)
+if not now then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+  raw = redis.call('GET', K[1])
+end
 -- the stored record `sr`: header fields and entries, or nothing when it is malformed (a missing
 -- bucket): a non-number fails its comparison inside the pcall; every number must be an
 -- integer (this crate writes no other). Captures no local.
@@ -81,6 +83,8 @@ local times, costs, n, base = {}, {}, 0, nil
 if sr then
   local o = sr.params
   local newer = gen > sr.gen or (gen == sr.gen and not (o[1] == limit and o[2] == window))
+  -- the same generation with other parameters takes over by carry, whatever the rule
+  if gen == sr.gen then rule = 1 end
   if not newer or sr.pe > gen or rule == 3 then
     -- the stored parameters govern; a newer caller with rule 3 starts a deferral
     glimit, gwindow, g = o[1], o[2], sr.gen
@@ -89,7 +93,7 @@ if sr then
     if newer and sr.pe <= gen then
       pe, keep = gen + 1, true
     else
-      pe, changed, keep = sr.pe, false, sr.pe > 0
+      pe, changed, keep = sr.pe, force, sr.pe > 0
     end
   elseif rule ~= 0 then
     local rt, rc, rn = sr.times, sr.costs, sr.n
@@ -121,6 +125,17 @@ if sr then
       end
       times, costs, n = kt, kc, k
     end
+  end
+elseif raw and not via then
+  -- a record of another algorithm (or a malformed one: a missing bucket)
+  local x = slow().cross(raw, now, 3, gen, rule, cost, commit, limit, 1)
+  if x and x.over then return struct.pack(REPLY, -1, 0, -1, 0, x.over) end
+  if x and x.arg then
+    arg, raw, force, via = x.arg, x.raw, x.force, true
+    break
+  end
+  if x and x.used and x.used > 0 then
+    times, costs, n = { x.eff }, { x.used }, 1
   end
 end
 if cost > glimit then return struct.pack(REPLY, -1, 0, -1, 0, glimit) end

@@ -15,9 +15,9 @@
 -- MessagePack string, nil, ...), or an argument that is not MessagePack, raises a Lua error
 -- before anything is written; every other invalid argument is refused by `slow().refuse`.
 -- capacity * unit + rate <= 2^52 bounds each of the three.
-local arg, n, tag, gen, pe, capacity, unit, rate, max_elapsed, e, rule, cost, commit
-if #K == 1 and #ARGV == 1 then
-  arg = ARGV[1]
+repeat -- until true: `break` leaves the block when another algorithm's record governs
+local n, tag, gen, pe, capacity, unit, rate, max_elapsed, e, rule, cost, commit
+if arg then
   n, tag, gen, pe, capacity, unit, rate, max_elapsed = cmsgpack.unpack_limit(arg, 7)
   if n > 0 then e, rule, cost, commit = cmsgpack.unpack_limit(arg, 3, n) end
 end
@@ -36,9 +36,12 @@ if not (e == -1 and tag == 1 and pe == 0 and (commit == 0 or commit == 1) and ge
 end
 local head = string.sub(arg, 1, n)
 
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local raw = redis.call('GET', K[1])
+-- Redis time and the stored record, once per script (a redirected pass reuses them)
+if not now then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+  raw = redis.call('GET', K[1])
+end
 
 -- The stored record, run by pcall (a record that is not MessagePack, or holds a non-number
 -- where a number belongs, raises: a missing bucket). Captures nothing; only a stored bucket
@@ -70,7 +73,7 @@ if raw then
 end
 -- asis: the stored record governs as it is (its generation, parameters and pending mark
 -- unchanged), so a denial need not write it (see the decision below)
-local asis = stored
+local asis = stored and not force
 
 -- From here on capacity, unit, rate, max_elapsed, gen and pe are the governing parameters,
 -- generation and pending deferral (the caller's unless the stored ones govern); own: they are
@@ -82,6 +85,8 @@ if raw and not stored then
   if ok and rupdated then
     local same = rcap == capacity and runit == unit and rrate == rate and rmax == max_elapsed
     local newer = gen > rg or (gen == rg and not same)
+    -- the same generation with other parameters takes over by carry, whatever the rule
+    if gen == rg then rule = 1 end
     if newer and rpe <= gen and rule ~= 3 then
       -- convert: the old bucket's level now, under its own parameters; then the caller's rule
       local ocap, ncap = rcap * runit, capacity * unit
@@ -103,13 +108,24 @@ if raw and not stored then
       if newer and rpe <= gen then
         pe, keep = gen + 1, true
       else
-        pe, keep, asis = rpe, rpe > 0, true
+        pe, keep, asis = rpe, rpe > 0, not force
       end
       -- a cost above the stored capacity: -1, nothing written (the caller's was checked)
       if cost > rcap then return struct.pack(REPLY, -1, 0, -1, 0, rcap) end
       capacity, unit, rate, max_elapsed, gen, stored, updated =
         rcap, runit, rrate, rmax, rg, rlevel, rupdated
       own = false
+    end
+  elseif not via then
+    -- a record of another algorithm (or a malformed one: a missing bucket)
+    local x = slow().cross(raw, now, 1, gen, rule, cost, commit, capacity * unit, unit)
+    if x and x.over then return struct.pack(REPLY, -1, 0, -1, 0, x.over) end
+    if x and x.arg then
+      arg, raw, force, via = x.arg, x.raw, x.force, true
+      break
+    end
+    if x and x.used then
+      stored, updated, asis = capacity * unit - x.used, x.eff, false
     end
   end
 end

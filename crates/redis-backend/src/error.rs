@@ -11,9 +11,11 @@ const VALIDATION_PREFIX: &str = "tollgate:";
 ///
 /// - connection refused, I/O, dropped connections, `LOADING`, `MASTERDOWN`, `READONLY`,
 ///   `CLUSTERDOWN`, `TRYAGAIN`, `MOVED`/`ASK` (a cluster re-sharding, seen only by a
-///   single-server connection: the Cluster connection follows them), `OOM`, a missing cluster
-///   node, and sentinels that name no reachable primary (a failover in progress) →
-///   [`StoreError::Unavailable`];
+///   single-server connection: the Cluster connection follows them), a missing cluster
+///   node, sentinels that name no reachable primary (a failover in progress), and the
+///   replies of a server that cannot accept writes now — `OOM` (`maxmemory` reached),
+///   `NOREPLICAS` (fewer replicas than `min-replicas-to-write`) and `MISCONF` (the last
+///   snapshot failed under `stop-writes-on-bgsave-error`) → [`StoreError::Unavailable`];
 /// - `BUSY` (another script is running) → [`StoreError::Busy`];
 /// - `ERR tollgate: ...` (a script refused its arguments; nothing was written) →
 ///   [`StoreError::InvalidPolicy`];
@@ -54,7 +56,9 @@ pub fn classify(err: &RedisError) -> StoreError {
         }
         _ => match err.code() {
             Some("BUSY") => StoreError::Busy(err.to_string()),
-            Some("OOM") => unavailable(err),
+            // The server refuses writes for now (memory, replicas, persistence): an outage of
+            // the shared store, not a bug in the script.
+            Some("OOM" | "NOREPLICAS" | "MISCONF") => unavailable(err),
             _ if err.is_connection_dropped() || err.is_connection_refusal() || err.is_timeout() => {
                 unavailable(err)
             }
@@ -130,6 +134,9 @@ mod tests {
             "MOVED 3999 127.0.0.1:6381",
             "ASK 3999 127.0.0.1:6381",
             "OOM command not allowed when used memory > 'maxmemory'.",
+            // as redis-server 7.0 words them from inside a script
+            "NOREPLICAS Not enough good replicas to write. script: edfb0b9e13f4845e7d148d8539b7a6bdc5c42c15, on @user_script:1.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk. Commands that may modify the data set are disabled, because this instance is configured to report errors during writes if RDB snapshotting fails (stop-writes-on-bgsave-error option). Please check the Redis logs for details about the RDB error. script: edfb0b9e13f4845e7d148d8539b7a6bdc5c42c15, on @user_script:1.",
         ] {
             assert_eq!(class(&reply(line)), ErrorClass::Unavailable, "{line}");
         }

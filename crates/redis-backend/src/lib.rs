@@ -1,12 +1,15 @@
-//! The Redis store: one atomic Lua script per algorithm, on Redis time. [`RedisStore`] keeps
-//! each bucket in one Redis key and makes every decision in one script execution.
+//! The Redis store: one atomic Lua script per decision, on Redis time. [`RedisStore`] keeps
+//! each bucket in one Redis key, whatever its algorithm, and makes every decision in one
+//! script execution.
 //!
-//! - **Scripts** ([`scripts`]): `scripts/{token_bucket,fixed_window,sliding_log}.lua`, embedded
-//!   with `include_str!`, each the exact twin of the matching `tollgate_core::algorithm`
-//!   function. They read time only from Redis `TIME`, validate every argument, and store exact
-//!   integers packed as doubles (never through Lua's 14-digit `tostring`).
-//! - **Keys**: `<prefix>{<key>}:<alg>`; the hash tag is the bucket's identity, so every script
-//!   is single-key and Cluster-safe.
+//! - **Scripts** ([`scripts`]): one script, `scripts/prelude.lua` and a block per algorithm
+//!   (`scripts/{token_bucket,fixed_window,sliding_log}.lua`, each the exact twin of the
+//!   matching `tollgate_core::algorithm` function), embedded with `include_str!`, so a bucket
+//!   written by a newer generation of another algorithm governs older callers in the same
+//!   execution. They read time only from Redis `TIME`, validate every argument, and store exact
+//!   integers (never through Lua's 14-digit `tostring`).
+//! - **Keys**: `<prefix>{<key>}`; the hash tag is the bucket's identity, so every script is
+//!   single-key and Cluster-safe.
 //! - **Calls**: `EVALSHA` by precomputed SHA1; `NOSCRIPT` is absorbed by resending once with
 //!   the source. Every call has a deadline. Errors are classified by [`classify`].
 //! - **Registry** ([`RedisRegistry`]): named policies with generations, published atomically

@@ -1,10 +1,15 @@
-//! The Lua scripts, one per algorithm, and how a request becomes their argument. Each script
-//! is the Redis twin of one function in `tollgate_core::algorithm`; a differential test on a
-//! shared clock holds them equal.
+//! The Lua script and how a request becomes its argument. One script runs every algorithm, so
+//! one key holds a bucket whatever its algorithm and the newest generation governs across
+//! algorithms; each algorithm's block is the Redis twin of one function in
+//! `tollgate_core::algorithm`, and a differential test on a shared clock holds them equal.
 //!
-//! Every script is `scripts/prelude.lua` (the argument and record layouts, the helpers of the
-//! rare paths and the policy-change rules), then the algorithm's own file, then
-//! `scripts/epilogue.lua` (the record's write and the reply). It takes `KEYS[1]` = the bucket
+//! The script is `scripts/prelude.lua` (the argument and record layouts, the helpers of the
+//! rare paths and the policy-change rules, including `cross`, which settles who governs a record
+//! of another algorithm), then, picked by the argument's tag, the algorithm's own block followed
+//! by `scripts/epilogue.lua` (the record's write and the reply), in a loop of at most two
+//! passes: the second runs when a stored record of another algorithm governs, as a caller of
+//! that record's own policy, on the same `TIME` and record, in the same execution. It takes
+//! `KEYS[1]` = the bucket
 //! key and one argument, `ARGV[1]` = [`Args`]: MessagePack unsigned integers, each in its
 //! smallest encoding — the *head* of the record the caller would write (the algorithm's tag,
 //! the policy's generation, 0 for no pending deferral, the policy's parameters: exactly the
@@ -59,12 +64,14 @@ impl Script {
         }
     }
 
-    /// The algorithm's stable name (`token_bucket`, `fixed_window`, `sliding_log`).
+    /// The script's stable name (`tollgate`: one script runs every algorithm).
     pub fn name(&self) -> &'static str {
         self.name
     }
 
-    /// The suffix of the Redis keys this script writes (`tb`, `fw`, `sl`).
+    /// The suffix of the Redis keys this script writes: empty, since one key holds a bucket
+    /// whatever its algorithm (`<prefix>{<key>}`). Kept for callers that built keys from it;
+    /// earlier versions wrote `:tb`, `:fw` and `:sl` keys, which simply expire.
     pub fn key_suffix(&self) -> &'static str {
         self.suffix
     }
@@ -80,40 +87,31 @@ impl Script {
     }
 }
 
-static SCRIPTS: LazyLock<[Script; 3]> = LazyLock::new(|| {
-    [
-        Script::new(
-            "token_bucket",
-            "tb",
-            concat!(
-                include_str!("../scripts/prelude.lua"),
-                include_str!("../scripts/token_bucket.lua"),
-                include_str!("../scripts/epilogue.lua")
-            ),
+/// The one script: the prelude, then each algorithm's block followed by the epilogue, picked
+/// by the argument's tag (its first byte), inside a loop of at most two passes (the second
+/// when a stored record of another algorithm governs the caller: see the prelude).
+static SCRIPTS: LazyLock<[Script; 1]> = LazyLock::new(|| {
+    [Script::new(
+        "tollgate",
+        "",
+        concat!(
+            include_str!("../scripts/prelude.lua"),
+            "for _ = 1, 2 do\nlocal tag = arg and string.byte(arg)\nif tag == 2 then\n",
+            include_str!("../scripts/fixed_window.lua"),
+            include_str!("../scripts/epilogue.lua"),
+            "elseif tag == 3 then\n",
+            include_str!("../scripts/sliding_log.lua"),
+            include_str!("../scripts/epilogue.lua"),
+            "else\n",
+            include_str!("../scripts/token_bucket.lua"),
+            include_str!("../scripts/epilogue.lua"),
+            "end\nend\nreturn redis.error_reply('ERR tollgate bug: redirected twice')\n"
         ),
-        Script::new(
-            "fixed_window",
-            "fw",
-            concat!(
-                include_str!("../scripts/prelude.lua"),
-                include_str!("../scripts/fixed_window.lua"),
-                include_str!("../scripts/epilogue.lua")
-            ),
-        ),
-        Script::new(
-            "sliding_log",
-            "sl",
-            concat!(
-                include_str!("../scripts/prelude.lua"),
-                include_str!("../scripts/sliding_log.lua"),
-                include_str!("../scripts/epilogue.lua")
-            ),
-        ),
-    ]
+    )]
 });
 
-/// Every script, in a fixed order (token bucket, fixed window, sliding log).
-pub fn all() -> &'static [Script; 3] {
+/// Every script: one, which runs every algorithm.
+pub fn all() -> &'static [Script; 1] {
     &SCRIPTS
 }
 
@@ -124,7 +122,7 @@ pub fn all() -> &'static [Script; 3] {
 /// use tollgate_core::Policy;
 /// let p = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
 /// let script = tollgate_redis::scripts::for_policy(&p);
-/// assert_eq!(script.name(), "fixed_window");
+/// assert_eq!(script.name(), "tollgate");
 /// assert_eq!(script.sha().len(), 40);
 /// ```
 ///
@@ -139,9 +137,9 @@ pub fn for_policy(policy: &Policy) -> &'static Script {
 /// has no script for.
 pub fn try_for_policy(policy: &Policy) -> Option<&'static Script> {
     match policy.algorithm() {
-        Algorithm::TokenBucket(_) => Some(&SCRIPTS[0]),
-        Algorithm::FixedWindow(_) => Some(&SCRIPTS[1]),
-        Algorithm::SlidingLog(_) => Some(&SCRIPTS[2]),
+        Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) | Algorithm::SlidingLog(_) => {
+            Some(&SCRIPTS[0])
+        }
         _ => None,
     }
 }
@@ -287,20 +285,20 @@ impl redis::ToRedisArgs for Args {
     }
 }
 
-/// The Redis key of one bucket: `<prefix>{<key>}:<suffix>`, written straight into a command
-/// buffer without an intermediate `String`.
+/// The Redis key of one bucket: `<prefix>{<key>}`, whatever the algorithm (one record per
+/// bucket, so the newest generation governs across algorithms), written straight into a
+/// command buffer without an intermediate `String`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BucketKey<'a> {
     pub(crate) prefix: &'a str,
     pub(crate) key: &'a str,
-    pub(crate) suffix: &'a str,
 }
 
 impl BucketKey<'_> {
-    /// The key's text in order: `<prefix>`, `{`, `<key>`, `}:`, `<suffix>` (the one layout both
-    /// the command argument and `Display` write).
-    fn pieces(&self) -> [&str; 5] {
-        [self.prefix, "{", self.key, "}:", self.suffix]
+    /// The key's text in order: `<prefix>`, `{`, `<key>`, `}` (the one layout both the command
+    /// argument and `Display` write).
+    fn pieces(&self) -> [&str; 4] {
+        [self.prefix, "{", self.key, "}"]
     }
 }
 
@@ -360,11 +358,7 @@ impl<'a> Invocation<'a> {
         };
         Ok(Self {
             script,
-            key: BucketKey {
-                prefix,
-                key,
-                suffix: script.suffix,
-            },
+            key: BucketKey { prefix, key },
             args,
             cost,
             limit: policy.limit(),
@@ -372,7 +366,7 @@ impl<'a> Invocation<'a> {
     }
 
     pub(crate) fn cmd(&self, call: Call) -> redis::Cmd {
-        let key_len = self.key.prefix.len() + self.key.key.len() + 6;
+        let key_len = self.key.prefix.len() + self.key.key.len() + 2;
         let mut cmd = redis::Cmd::with_capacity(5, 64 + key_len + self.args.len);
         match call {
             Call::EvalSha => cmd.arg("EVALSHA").arg(self.script.sha.as_str()),
@@ -402,12 +396,11 @@ mod tests {
         let k = BucketKey {
             prefix: "tollgate:",
             key: "login:alice%40x",
-            suffix: "tb",
         };
-        assert_eq!(k.to_string(), "tollgate:{login:alice%40x}:tb");
+        assert_eq!(k.to_string(), "tollgate:{login:alice%40x}");
         let packed = redis::Cmd::new().arg(k).get_packed_command();
         // one argument, its length prefix included
-        assert!(packed.ends_with(b"\r\n$29\r\ntollgate:{login:alice%40x}:tb\r\n"));
+        assert!(packed.ends_with(b"\r\n$26\r\ntollgate:{login:alice%40x}\r\n"));
     }
 
     /// Decodes MessagePack unsigned integers (as the scripts' cmsgpack does).
@@ -473,9 +466,9 @@ mod tests {
         let p = Policy::fixed_window(3, Duration::from_secs(1)).unwrap();
         let inv = Invocation::new("t:", "k", &p, 1, true).unwrap();
         let sha = inv.cmd(Call::EvalSha).get_packed_command();
-        assert!(String::from_utf8_lossy(&sha).contains(all()[1].sha()));
+        assert!(String::from_utf8_lossy(&sha).contains(all()[0].sha()));
         assert!(sha.ends_with(
-            b"$8\r\nt:{k}:fw\r\n$12\r\n\x02\x00\x00\x03\xce\x00\x0f\x42\x40\x01\x01\x01\r\n"
+            b"$5\r\nt:{k}\r\n$12\r\n\x02\x00\x00\x03\xce\x00\x0f\x42\x40\x01\x01\x01\r\n"
         ));
         let eval = String::from_utf8_lossy(&inv.cmd(Call::Eval).get_packed_command()).into_owned();
         assert!(eval.contains("tollgate fixed window"));

@@ -19,9 +19,9 @@ use crate::scripts::{self, BucketKey, Call, Invocation};
 
 /// A [`Store`] backed by Redis.
 ///
-/// Each bucket is one Redis STRING at `<prefix>{<key>}:<alg>` (`alg` is `tb`, `fw` or `sl`):
-/// the whole [`Key`] is the hash tag, so every script touches one key in one slot and works on
-/// Redis Cluster. Each call is one `EVALSHA` of the algorithm's script (see [`crate::scripts`]),
+/// Each bucket is one Redis STRING at `<prefix>{<key>}`, whatever its algorithm: the whole
+/// [`Key`] is the hash tag, so every script touches one key in one slot and works on
+/// Redis Cluster. Each call is one `EVALSHA` of the script (see [`crate::scripts`]),
 /// which reads Redis `TIME`, decides, and writes the state with an expiry in one atomic step.
 /// A `NOSCRIPT` reply (script cache lost to a restart, failover or `SCRIPT FLUSH`) is absorbed:
 /// the call is resent once with the script's source.
@@ -88,7 +88,7 @@ impl RedisStore {
     /// # use std::time::Duration;
     /// # use tollgate_core::{Key, Policy};
     /// let p = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
-    /// assert_eq!(store.redis_key(&Key::global("search"), &p), "tollgate:{search}:fw");
+    /// assert_eq!(store.redis_key(&Key::global("search"), &p), "tollgate:{search}");
     /// # }
     /// ```
     ///
@@ -125,7 +125,7 @@ impl RedisStore {
         let replies = self
             .inner
             .conn
-            .pipeline(&pipe, 3)
+            .pipeline(&pipe, scripts::all().len())
             .await
             .map_err(|e| classify(&e))?;
         for (reply, script) in replies.into_iter().zip(scripts::all()) {
@@ -147,11 +147,10 @@ impl RedisStore {
         key: &'a Key,
         policy: &Policy,
     ) -> Result<BucketKey<'a>, StoreError> {
-        let script = scripts::try_for_policy(policy).ok_or_else(|| scripts::unsupported(policy))?;
+        scripts::try_for_policy(policy).ok_or_else(|| scripts::unsupported(policy))?;
         Ok(BucketKey {
             prefix: &self.inner.prefix,
             key: key.as_str(),
-            suffix: script.key_suffix(),
         })
     }
 

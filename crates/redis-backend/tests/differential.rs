@@ -5,9 +5,11 @@
 //! core maths to a map with Redis's millisecond expiry. Every decision, every stored record
 //! (byte for byte, and decoded) and every key's remaining TTL must be identical.
 //!
-//! Policy changes: with shared keys, callers of several policies of one algorithm — different
-//! parameters, generations and transition rules — take turns on live buckets, so every rule
-//! meets buckets written by older, newer and same-generation policies, growing and shrinking.
+//! Policy changes: with shared keys, callers of several policies — different parameters,
+//! generations and transition rules, of one algorithm or of all three (one record per key
+//! whatever the algorithm) — take turns on live buckets, so every rule meets buckets written by
+//! older, newer and same-generation policies, growing and shrinking, and converts every
+//! algorithm into every other.
 
 mod common;
 
@@ -426,4 +428,45 @@ async fn sliding_log_generations_and_transitions_equal_the_core_maths() {
         Policy::sliding_log(1000, Duration::from_millis(3)).unwrap(),
     ]);
     differential_on("sliding log transitions", &policies, seed() ^ 7, true).await;
+}
+
+/// One generation (0), other parameters, every rule, on shared keys: at an equal generation the
+/// caller's parameters take over by carry whatever the rule, in Lua as in the core maths.
+#[tokio::test]
+async fn equal_generations_take_over_by_carry_equal_the_core_maths() {
+    let mut policies = Vec::new();
+    for base in [
+        Policy::token_bucket(5, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::token_bucket(4, Rate::per_second(1)).unwrap(),
+        Policy::fixed_window(5, Duration::from_secs(1)).unwrap(),
+        Policy::fixed_window(4, Duration::from_millis(2_500)).unwrap(),
+        Policy::sliding_log(5, Duration::from_secs(1)).unwrap(),
+        Policy::sliding_log(4, Duration::from_millis(2_500)).unwrap(),
+    ] {
+        for rule in Transition::ALL {
+            policies.push(base.with_transition(rule));
+        }
+    }
+    differential_on("equal generations", &policies, seed() ^ 8, true).await;
+}
+
+/// Algorithm changes on live buckets: token buckets, fixed windows and sliding logs at
+/// generations 0 to 6 under every rule take turns on shared keys (one record per key whatever
+/// the algorithm), so every rule converts every algorithm into every other, older callers are
+/// decided under a newer record of another algorithm, and deferrals across algorithms run out.
+#[tokio::test]
+async fn algorithm_changes_across_generations_equal_the_core_maths() {
+    let policies = generations(&[
+        Policy::token_bucket(10, Rate::new(7, Duration::from_secs(3))).unwrap(),
+        Policy::fixed_window(5, Duration::from_secs(1)).unwrap(),
+        Policy::sliding_log(6, Duration::from_millis(1500)).unwrap(),
+        Policy::token_bucket(4, Rate::per_second(1))
+            .unwrap()
+            .with_max_elapsed(Duration::from_millis(2_500))
+            .unwrap(),
+        Policy::fixed_window(12, Duration::from_millis(2_500)).unwrap(),
+        Policy::sliding_log(3, Duration::from_millis(300)).unwrap(),
+        Policy::token_bucket((1 << 40) + 3, Rate::new(999_983, Duration::from_micros(7))).unwrap(),
+    ]);
+    differential_on("algorithm changes", &policies, seed() ^ 9, true).await;
 }

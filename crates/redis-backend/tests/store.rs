@@ -111,12 +111,11 @@ async fn admissions_reply_one_integer_when_they_fit_and_the_string_otherwise() {
     assert!(matches!(v, Value::BulkString(_)), "{v:?}");
     assert_eq!(scripts::reply(&v, 10), Some([1, 0, -1, 40 * hour, 10]));
     // the other two algorithms: an integer for a small admission
-    for p in [
-        Policy::fixed_window(5, HOUR).unwrap(),
-        Policy::sliding_log(5, HOUR).unwrap(),
+    for (rkey, p) in [
+        ("r:{d}", Policy::fixed_window(5, HOUR).unwrap()),
+        ("r:{e}", Policy::sliding_log(5, HOUR).unwrap()),
     ] {
-        let rkey = format!("r:{{d}}:{}", scripts::for_policy(&p).key_suffix());
-        let v = call(&rkey, &p, 2);
+        let v = call(rkey, &p, 2);
         let Value::Int(n) = v else { panic!("{v:?}") };
         assert_eq!(n >> 37, 3, "{p:?}");
         assert!(n % (1 << 37) <= hour, "{p:?}: reset within the hour");
@@ -329,7 +328,7 @@ fn with(base: &[Mp], i: usize, v: Option<Mp>) -> Vec<u8> {
     mp(&values)
 }
 
-/// Invalid arguments for each script (token bucket, fixed window, sliding log): each case is
+/// Invalid arguments for each algorithm (token bucket, fixed window, sliding log): each case is
 /// the whole ARGV, and whether one of its values is not a number (a MessagePack string or nil):
 /// the scripts check their argument inline, without a pcall, so such a value may raise a plain
 /// Lua error (still before anything is written) rather than the `ERR tollgate:` refusal.
@@ -417,8 +416,11 @@ fn bad_arguments() -> [Vec<(Vec<Vec<u8>>, bool)>; 3] {
     fw_bad.push((vec![with(&fw, 7, None)], false));
     // cut inside the window's uint16
     fw_bad.push((vec![mp(&fw)[..5].to_vec()], true));
+    // (One script runs every algorithm, picked by the tag: a sliding log's argument with tag 2
+    // is a valid fixed window's, so the tags tried here are ones no algorithm has.)
     let mut sl_bad: Vec<(Vec<Vec<u8>>, bool)> = [
-        (0, U(2)),
+        (0, U(0)),
+        (0, U(4)),
         (3, U(0)),
         (3, U(1001)),
         (4, U(0)),
@@ -440,8 +442,9 @@ async fn scripts_validate_every_argument_and_write_nothing() {
     let server = Server::start();
     let _store = server.multiplexed().await; // loads the scripts
     let mut conn = server.conn();
-    for (index, bad_args) in bad_arguments().into_iter().enumerate() {
-        let script = &scripts::all()[index];
+    // one script runs every algorithm, picked by the argument's tag
+    let script = &scripts::all()[0];
+    for bad_args in bad_arguments() {
         for (args, not_a_number) in &bad_args {
             let err = redis::cmd("EVALSHA")
                 .arg(script.sha())
@@ -492,16 +495,17 @@ async fn noscript_is_absorbed(store: RedisStore, server: &Server) {
         Policy::fixed_window(5, HOUR).unwrap(),
         Policy::sliding_log(5, HOUR).unwrap(),
     ];
-    let k = key("noscript");
-    for p in &policies {
-        assert!(store.acquire(&k, p, 1).await.unwrap().allowed);
+    // one key per algorithm (a key holds one bucket whatever its algorithm)
+    let keys = [key("noscript-tb"), key("noscript-fw"), key("noscript-sl")];
+    for (k, p) in keys.iter().zip(&policies) {
+        assert!(store.acquire(k, p, 1).await.unwrap().allowed);
     }
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query(&mut server.conn())
         .unwrap();
-    for p in &policies {
-        let d = store.acquire(&k, p, 1).await.expect("NOSCRIPT is absorbed");
+    for (k, p) in keys.iter().zip(&policies) {
+        let d = store.acquire(k, p, 1).await.expect("NOSCRIPT is absorbed");
         assert_eq!(d.remaining, 3, "{p}: the retried call ran exactly once");
     }
     let () = redis::cmd("SCRIPT")
@@ -509,7 +513,11 @@ async fn noscript_is_absorbed(store: RedisStore, server: &Server) {
         .query(&mut server.conn())
         .unwrap();
     assert_eq!(
-        store.peek(&k, &policies[0], 1).await.unwrap().remaining,
+        store
+            .peek(&keys[0], &policies[0], 1)
+            .await
+            .unwrap()
+            .remaining,
         2,
         "peek reports the remaining after the cost"
     );
@@ -517,10 +525,11 @@ async fn noscript_is_absorbed(store: RedisStore, server: &Server) {
         .arg("FLUSH")
         .query(&mut server.conn())
         .unwrap();
-    let batch: Vec<Acquire<'_>> = policies
+    let batch: Vec<Acquire<'_>> = keys
         .iter()
-        .map(|p| Acquire {
-            key: &k,
+        .zip(&policies)
+        .map(|(k, p)| Acquire {
+            key: k,
             policy: p,
             cost: 1,
         })
@@ -545,7 +554,7 @@ async fn noscript_is_absorbed(store: RedisStore, server: &Server) {
         .query(&mut server.conn())
         .unwrap();
     assert_eq!(
-        exists, [true; 3],
+        exists, [true; 1],
         "the retry put the scripts back in the cache"
     );
 }
@@ -680,21 +689,17 @@ async fn every_written_key_has_an_expiry_and_the_documented_name() {
     }
     assert_eq!(dbsize(&server), 0, "peek never writes");
 
-    store.acquire(&k, &tb, 7).await.unwrap();
-    store.acquire(&k, &fw, 3).await.unwrap();
-    store.acquire(&k, &sl, 3).await.unwrap();
+    // one key per bucket whatever the algorithm (no algorithm suffix)
     let mut conn = server.conn();
-    let mut names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
-    names.sort();
-    assert_eq!(
-        names,
-        [
-            "tollgate:{login:alice%40example.com}:fw",
-            "tollgate:{login:alice%40example.com}:sl",
-            "tollgate:{login:alice%40example.com}:tb",
-        ]
-    );
-    for (p, max_ms) in [(&tb, 3_500), (&fw, 60_000), (&sl, 30_000)] {
+    for (p, max_ms) in [(&fw, 60_000), (&sl, 30_000), (&tb, 3_500)] {
+        store.reset(&k, p).await.unwrap();
+        store
+            .acquire(&k, p, if p == &tb { 7 } else { 3 })
+            .await
+            .unwrap();
+        let names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+        assert_eq!(names, ["tollgate:{login:alice%40example.com}"], "{p}");
+        assert_eq!(store.redis_key(&k, p), names[0]);
         let pttl: i64 = redis::cmd("PTTL")
             .arg(store.redis_key(&k, p))
             .query(&mut conn)
@@ -710,7 +715,7 @@ async fn every_written_key_has_an_expiry_and_the_documented_name() {
     assert!(pttl > 0);
 
     store.reset(&k, &tb).await.unwrap();
-    assert_eq!(dbsize(&server), 2);
+    assert_eq!(dbsize(&server), 0);
     assert_eq!(
         store.acquire(&k, &tb, 1).await.unwrap().remaining,
         9,
@@ -732,7 +737,7 @@ async fn custom_prefix_is_used_and_bad_prefixes_are_refused() {
         .arg("*")
         .query(&mut server.conn())
         .unwrap();
-    assert_eq!(names, ["app.rl:v2:{search}:fw"]);
+    assert_eq!(names, ["app.rl:v2:{search}"]);
     for bad in ["{a}", "a b", "x}"] {
         let err = RedisStore::builder(server.url())
             .prefix(bad)
@@ -895,6 +900,56 @@ async fn a_server_running_a_long_script_is_busy() {
     assert!(store.acquire(&key("busy"), &p, 1).await.unwrap().allowed);
 }
 
+/// An admission (it writes) against a server that refuses writes for now must be an outage
+/// (the operation's failure mode applies), never a script error; a denial writes nothing and
+/// still answers.
+async fn refuses_writes_as_unavailable(server: &Server, code: &str) {
+    let store = server.multiplexed().await;
+    for p in [
+        Policy::token_bucket(5, Rate::new(1, HOUR)).unwrap(),
+        Policy::fixed_window(5, HOUR).unwrap(),
+        Policy::sliding_log(5, HOUR).unwrap(),
+    ] {
+        let err = store.acquire(&key("refused"), &p, 1).await.unwrap_err();
+        assert!(format!("{err:?}").contains(code), "{err:?}");
+        assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+    }
+}
+
+#[tokio::test]
+async fn noreplicas_is_unavailable() {
+    // min-replicas-to-write 1 and no replica: every write is refused with NOREPLICAS.
+    let server = Server::start_with_args(&["--min-replicas-to-write".into(), "1".into()]);
+    refuses_writes_as_unavailable(&server, "NOREPLICAS").await;
+}
+
+#[tokio::test]
+async fn misconf_after_a_failed_snapshot_is_unavailable() {
+    // A snapshot that cannot be written (its directory is gone, which stops root too) with
+    // stop-writes-on-bgsave-error and a save point: writes are refused with MISCONF.
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("gone");
+    std::fs::create_dir(&dir).unwrap();
+    let server = Server::start_with_args(&[
+        "--dir".into(),
+        dir.display().to_string(),
+        "--save".into(),
+        "3600 1".into(),
+        "--stop-writes-on-bgsave-error".into(),
+        "yes".into(),
+    ]);
+    std::fs::remove_dir(&dir).unwrap();
+    let () = redis::cmd("BGSAVE").query(&mut server.conn()).unwrap();
+    let failed = (0..2000).any(|_| {
+        std::thread::sleep(Duration::from_millis(5));
+        info_field(&server, "persistence", "rdb_bgsave_in_progress").as_deref() == Some("0")
+            && info_field(&server, "persistence", "rdb_last_bgsave_status").as_deref()
+                == Some("err")
+    });
+    assert!(failed, "the snapshot did not fail within 10 s");
+    refuses_writes_as_unavailable(&server, "MISCONF").await;
+}
+
 #[tokio::test]
 async fn memory_usage_per_idle_key_is_small() {
     let server = Server::start();
@@ -903,11 +958,13 @@ async fn memory_usage_per_idle_key_is_small() {
     let tb = Policy::token_bucket(100, Rate::per_second(10)).unwrap();
     let fw = Policy::fixed_window(100, HOUR).unwrap();
     let sl = Policy::sliding_log(1000, HOUR).unwrap();
-    store.acquire(&k, &tb, 1).await.unwrap();
-    store.acquire(&k, &fw, 1).await.unwrap();
-    store.acquire(&k, &sl, 1).await.unwrap();
     let mut conn = server.conn();
-    let mut usage = |p: &Policy| -> (u64, u64) {
+    // one key holds the bucket whatever its algorithm: each is measured alone on it
+    let mut usage = async |p: &Policy, fresh: bool| -> (u64, u64) {
+        if fresh {
+            store.reset(&k, p).await.unwrap();
+        }
+        store.acquire(&k, p, 1).await.unwrap();
         let rk = store.redis_key(&k, p);
         let bytes: u64 = redis::cmd("MEMORY")
             .arg("USAGE")
@@ -917,24 +974,25 @@ async fn memory_usage_per_idle_key_is_small() {
         let len: u64 = redis::cmd("STRLEN").arg(&rk).query(&mut conn).unwrap();
         (bytes, len)
     };
-    let (tb_bytes, tb_len) = usage(&tb);
-    let (fw_bytes, fw_len) = usage(&fw);
-    let (sl1_bytes, sl1_len) = usage(&sl);
-    for _ in 0..99 {
+    let (tb_bytes, tb_len) = usage(&tb, true).await;
+    let (fw_bytes, fw_len) = usage(&fw, true).await;
+    let (sl1_bytes, sl1_len) = usage(&sl, true).await;
+    for _ in 0..98 {
         // distinct microseconds: one entry each (the loopback round trip takes more than 1 µs)
         store.acquire(&k, &sl, 1).await.unwrap();
     }
-    let (sl100_bytes, sl100_len) = usage(&sl);
+    let (sl100_bytes, sl100_len) = usage(&sl, false).await;
     eprintln!(
         "MEMORY USAGE for key {:?} (value bytes): token bucket {tb_bytes} ({tb_len}), fixed window {fw_bytes} ({fw_len}), \
          sliding log 1 entry {sl1_bytes} ({sl1_len}), 100 entries {sl100_bytes} ({sl100_len})",
         store.redis_key(&k, &tb)
     );
     // record: tag, generation, pending, parameters and state as MessagePack integers (sliding
-    // log entries 16 bytes each); the key name is 28 bytes. MEMORY USAGE = 24 (dict entry) +
-    // 32 (key sds) + 48 (robj with the value embedded, up to 28 value bytes). Measured
-    // (Redis 7.0): 104 bytes for each, as with the earlier varint records (21/18/26 bytes):
-    // the record still fits the same embedded-string allocation.
+    // log entries 16 bytes each); the key name is 25 bytes (28 with the algorithm suffix the
+    // keys had before one key held every algorithm). MEMORY USAGE = 24 (dict entry) + 32 (key
+    // sds) + 48 (robj with the value embedded, up to 28 value bytes). Measured (Redis 7.0):
+    // 104 bytes for each, as with the suffixed keys and the earlier varint records
+    // (21/18/26 bytes): the record still fits the same embedded-string allocation.
     assert_eq!((tb_len, fw_len, sl1_len), (25, 19, 11 + 16));
     assert!(tb_bytes <= 104 && fw_bytes <= 104 && sl1_bytes <= 104);
     assert!(sl100_len == 11 + 1600 && sl100_bytes <= 2 * 1600);

@@ -68,6 +68,7 @@ macro_rules! conformance_tests {
             token_bucket_clock_step_back_gives_no_credit,
             token_bucket_forward_jump_refills_at_most_to_capacity,
             token_bucket_max_elapsed_caps_what_a_jump_buys,
+            token_bucket_max_elapsed_holds_only_while_the_key_lives,
             fixed_window_missing_window_is_empty,
             fixed_window_resets_at_the_epoch_aligned_boundary,
             fixed_window_denies_when_cost_exceeds_remaining,
@@ -86,6 +87,8 @@ macro_rules! conformance_tests {
             acquire_many_with_an_invalid_request_writes_nothing,
             concurrent_acquires_never_admit_more_than_capacity,
             newer_generation_carries_and_then_governs_older_callers,
+            equal_generations_with_other_parameters_enforce_one_bound,
+            newest_generation_governs_across_algorithms,
         }
     };
     (@names () $($case:ident,)*) => {
@@ -446,6 +449,28 @@ pub async fn token_bucket_max_elapsed_caps_what_a_jump_buys<H: Harness>(h: &H) {
     h.set_time(t + 5 * SEC).await;
     expect(h, "5 s later, 2 s credited", &k, &p, 1, allowed(1, 9 * SEC)).await;
     expect(h, "nothing more", &k, &p, 2, denied(1, SEC, 9 * SEC)).await;
+}
+
+/// The cap on credited time bounds a jump only while the key lives. An emptied bucket's key
+/// expires when the bucket would be full again at the full rate (capacity 10 at 1/s: 10 s), in
+/// the store's own clock; a jump past that finds no bucket, and a missing bucket is full —
+/// what the full refill would have given without the cap. Just before the expiry the jump
+/// buys 2 s worth (the cap); just after it, the whole capacity.
+pub async fn token_bucket_max_elapsed_holds_only_while_the_key_lives<H: Harness>(h: &H) {
+    let t = T0 + 9_500 * SEC;
+    h.set_time(t).await;
+    let (lives, expired) = (key("tb-maxelapsed-ttl", "a"), key("tb-maxelapsed-ttl", "b"));
+    let p = tb(10, Rate::per_second(1))
+        .with_max_elapsed(Duration::from_secs(2))
+        .expect("valid cap");
+    expect(h, "empty a", &lives, &p, 10, allowed(0, 10 * SEC)).await;
+    expect(h, "empty b", &expired, &p, 10, allowed(0, 10 * SEC)).await;
+    h.set_time(t + 10 * SEC - MS).await;
+    let step = "1 ms before the expiry: 2 s credited, not 9.999 s";
+    expect(h, step, &lives, &p, 3, denied(2, SEC, 8 * SEC)).await;
+    h.set_time(t + 10 * SEC + MS).await;
+    let step = "1 ms after the expiry: a fresh, full bucket";
+    expect(h, step, &expired, &p, 10, allowed(0, 10 * SEC)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -910,6 +935,123 @@ pub async fn newer_generation_carries_and_then_governs_older_callers<H: Harness>
     }
 }
 
+/// Two policies of one generation (0) with other parameters (limits 5 and 4), alternating on
+/// one key with no time passing: whatever their transition rule, the bucket is never granted
+/// afresh. At an equal generation the caller's parameters take over by `Carry` (the rule
+/// applies only to a strictly newer generation), so together they admit at most the larger
+/// limit, 5.
+pub async fn equal_generations_with_other_parameters_enforce_one_bound<H: Harness>(h: &H) {
+    h.set_time(T0 + 50_000 * SEC).await;
+    let smaller = [
+        tb(4, Rate::new(5, Duration::from_secs(5))),
+        fw(4, 10),
+        sl(4, 10),
+    ];
+    for ((name, five), four) in all_algorithms().into_iter().zip(smaller) {
+        for rule in [
+            Transition::Reset,
+            Transition::Carry,
+            Transition::Proportional,
+            Transition::DeferUntilExpiry,
+        ] {
+            let bucket = key("equal-generations", &format!("{name}-{rule}"));
+            let pair = [five.with_transition(rule), four.with_transition(rule)];
+            let mut admitted = 0;
+            for _ in 0..50 {
+                for caller in &pair {
+                    let got = acquire(h, &bucket, caller, 1).await;
+                    assert_eq!(
+                        got.limit,
+                        caller.limit(),
+                        "{name} {rule}: the caller's limit governs"
+                    );
+                    admitted += u64::from(got.allowed);
+                }
+            }
+            assert_eq!(
+                admitted, 5,
+                "{name} {rule}: generation 0 with limits 5 and 4 alternating admitted {admitted} with no time passing"
+            );
+        }
+    }
+}
+
+/// A mid-rollout algorithm change: generation 1 is a fixed window (3 per 10 s), generation 0
+/// a token bucket (5, 1/s), alternating on one key with no time passing. One bucket per key
+/// whatever the algorithm, so the fleet enforces exactly generation 1's policy: generation-0
+/// callers are decided under the stored fixed window (its limit in their decisions), and
+/// generation 1 moves a token bucket it meets by its rule (`Carry`: the 2 tokens used stay
+/// used; `Proportional`: 3 of 5 left → 1 of 3 left; `Reset`: a fresh window;
+/// `DeferUntilExpiry`: the token bucket governs until its key expires, then the window).
+pub async fn newest_generation_governs_across_algorithms<H: Harness>(h: &H) {
+    let t = T0 + 60_000 * SEC;
+    let old = tb(5, Rate::per_second(1));
+    let window = fw(3, 10);
+    // the fixed window meets no bucket: it writes one, and every caller obeys it
+    h.set_time(t).await;
+    let k = key("across-algorithms", "fresh");
+    let new = window.with_generation(1).with_transition(Transition::Reset);
+    let mut admitted = 0;
+    for i in 0..10 {
+        for caller in [&new, &old] {
+            let got = acquire(h, &k, caller, 1).await;
+            assert_eq!(
+                got.limit, 3,
+                "fresh, call {i}: generation 1 governs ({got:?})"
+            );
+            admitted += u64::from(got.allowed);
+        }
+    }
+    assert_eq!(
+        admitted, 3,
+        "fresh: one fixed window of 3 for both algorithms"
+    );
+    // the token bucket wrote first (2 taken); generation 1 meets it under each rule
+    for (rule, after) in [
+        (Transition::Reset, 3),
+        (Transition::Carry, 1),
+        (Transition::Proportional, 1),
+        (Transition::DeferUntilExpiry, 3),
+    ] {
+        let t = t + 100 * SEC;
+        h.set_time(t).await;
+        let k = key("across-algorithms", &format!("{rule}"));
+        let new = window.with_generation(1).with_transition(rule);
+        expect(h, "generation 0 first", &k, &old, 2, allowed(3, 2 * SEC)).await;
+        let governing = if rule == Transition::DeferUntilExpiry {
+            5
+        } else {
+            3
+        };
+        let mut admitted = 0;
+        for i in 0..10 {
+            for caller in [&new, &old] {
+                let got = acquire(h, &k, caller, 1).await;
+                assert_eq!(got.limit, governing, "{rule}, call {i}: {got:?}");
+                admitted += u64::from(got.allowed);
+            }
+        }
+        assert_eq!(
+            admitted, after,
+            "{rule}: admitted after generation 1 arrived"
+        );
+        if rule == Transition::DeferUntilExpiry {
+            // the token bucket's key expires (it kept its expiry, t + 2 s: the 2 tokens'
+            // refill); then generation 1 writes a fixed window, which governs everyone
+            h.set_time(t + 3 * SEC).await;
+            let mut admitted = 0;
+            for i in 0..10 {
+                for caller in [&new, &old] {
+                    let got = acquire(h, &k, caller, 1).await;
+                    assert_eq!(got.limit, 3, "{rule} after expiry, call {i}: {got:?}");
+                    admitted += u64::from(got.allowed);
+                }
+            }
+            assert_eq!(admitted, 3, "{rule}: after expiry, one fixed window of 3");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -918,6 +1060,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 27);
+        assert_eq!(names.len(), 30);
     }
 }

@@ -97,7 +97,16 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
             keep_expiry: false,
         };
     };
+    // A newer generation, or the same one with other parameters, takes over; only a strictly
+    // newer one applies its transition rule: at an equal generation the caller's parameters
+    // take over by `Carry`, so a parameter change without a generation bump never grants a
+    // fresh bucket (two instances disagreeing at one generation enforce one bound).
     let newer = g > r.generation || (g == r.generation && r.params != caller);
+    let rule = if g > r.generation {
+        policy.transition()
+    } else {
+        Transition::Carry
+    };
     let deferred_for_caller = r.pending.is_some_and(|p| p >= g);
     let stored_governs = Plan {
         generation: r.generation,
@@ -110,7 +119,7 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
     if !newer || deferred_for_caller {
         return stored_governs;
     }
-    match policy.transition() {
+    match rule {
         Transition::DeferUntilExpiry => Plan {
             pending: Some(g),
             changed: true,
@@ -132,11 +141,13 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
 /// when `commit` is true. With `commit` false the record is left untouched and the outcome is
 /// what a commit would have decided.
 ///
-/// The governing policy is settled first: a missing bucket, or one of another algorithm,
-/// starts fresh under `policy`; a bucket written by an older generation (or by the same
-/// generation with other parameters) moves to `policy` by its [`Transition`] rule; a bucket
-/// written by a newer generation, or deferring to one at least as new as `policy`, is decided
-/// under its stored parameters. A cost above the governing limit is
+/// The governing policy is settled first, whatever the algorithms (one record per bucket): a
+/// missing bucket starts fresh under `policy`; a bucket written by an older generation moves
+/// to `policy` by its [`Transition`] rule (across algorithms too, see [`transition`]), one
+/// written by the same generation with other parameters by [`Transition::Carry`] whatever the
+/// rule (a fresh bucket needs a generation bump); a bucket written by a newer generation, or
+/// deferring to one at least as new as `policy`, is decided under its stored algorithm and
+/// parameters. A cost above the governing limit is
 /// [`PolicyError::CostAboveCapacity`] and writes nothing.
 pub fn apply(
     record: &mut Option<Record>,
@@ -152,10 +163,7 @@ pub fn apply(
     {
         return apply_in_place(r, now, cost, commit);
     }
-    let stored = record
-        .as_ref()
-        .filter(|r| std::mem::discriminant(&r.params) == std::mem::discriminant(&caller));
-    let plan = plan(stored, policy, caller, now);
+    let plan = plan(record.as_ref(), policy, caller, now);
     let max = plan.params.limit();
     if cost > max {
         return Err(PolicyError::CostAboveCapacity { cost, max });
@@ -186,30 +194,20 @@ pub fn apply(
 }
 
 /// Whether [`plan`] would decide on `r` under its own generation, parameters and pending mark,
-/// changing none of them: a bucket of the caller's algorithm whose state matches its
-/// parameters, written by the caller's policy or a newer one, or deferring to one at least as
-/// new as the caller's.
+/// changing none of them: a bucket whose state matches its parameters, written by the
+/// caller's policy or a newer one (of any algorithm), or deferring to one at least as new as
+/// the caller's.
 #[inline]
 fn stored_governs_as_is(r: &Record, policy: &Policy, caller: &Algorithm) -> bool {
     let g = policy.generation();
-    let same_kind = matches!(
-        (&r.params, &r.state, caller),
-        (
-            Algorithm::TokenBucket(_),
-            State::TokenBucket(_),
-            Algorithm::TokenBucket(_)
-        ) | (
-            Algorithm::FixedWindow(_),
-            State::FixedWindow(_),
-            Algorithm::FixedWindow(_)
-        ) | (
-            Algorithm::SlidingLog(_),
-            State::SlidingLog(_),
-            Algorithm::SlidingLog(_)
-        )
+    let consistent = matches!(
+        (&r.params, &r.state),
+        (Algorithm::TokenBucket(_), State::TokenBucket(_))
+            | (Algorithm::FixedWindow(_), State::FixedWindow(_))
+            | (Algorithm::SlidingLog(_), State::SlidingLog(_))
     );
     let newer = g > r.generation || (g == r.generation && r.params != *caller);
-    same_kind && (!newer || r.pending.is_some_and(|p| p >= g))
+    consistent && (!newer || r.pending.is_some_and(|p| p >= g))
 }
 
 /// [`apply`] when the stored record governs as it is ([`stored_governs_as_is`]): the same

@@ -11,6 +11,16 @@
 //! | `Carry` | same tokens in new units, at most the new capacity | same count | the entries live under the old window |
 //! | `Proportional` | `level · cap_new / cap_old` | keeps `remaining / limit` | live entries rescaled to keep `remaining / limit` |
 //!
+//! Across algorithms (a newer generation of another algorithm, or the same generation: see
+//! [`super::apply`]) the old bucket's *use* at `max(now, its stored time)` carries: a token
+//! bucket's capacity minus its refilled level, a live window's count, a log's live costs.
+//!
+//! | rule | to a token bucket | to a fixed window | to a sliding log |
+//! |---|---|---|---|
+//! | `Reset` | full | 0 | none |
+//! | `Carry` | the requests used (rounded up) taken from the new capacity | count = requests used, at most the limit | one entry of that cost at that time |
+//! | `Proportional` | the available fraction of the new capacity (rounded down) | count keeping `remaining / limit` | one entry keeping `remaining / limit` |
+//!
 //! All rounding goes against the caller (never admits more than the exact fraction), and uses
 //! [`muldiv`], exact for every value a valid policy can produce. A fixed window moves to the
 //! new window containing the bucket's time. `DeferUntilExpiry` converts nothing: the stored
@@ -39,8 +49,8 @@ pub fn muldiv(a: u64, b: u64, c: u64, max: u64) -> u64 {
     q.min(u128::from(max)) as u64
 }
 
-/// The state that `to` starts from after `rule`, given the state `from` wrote. `rule` is never
-/// `DeferUntilExpiry` here, and `from` and `to` are of the same algorithm.
+/// The state that `to` starts from after `rule`, given the state `from` wrote (of the same
+/// algorithm or another). `rule` is never `DeferUntilExpiry` here.
 pub(crate) fn convert(
     rule: Transition,
     from: &Algorithm,
@@ -96,16 +106,119 @@ pub(crate) fn convert(
             };
             State::SlidingLog(SlidingLogState { entries })
         }
-        // Callers pass one algorithm; anything else starts fresh.
-        (_, _, Algorithm::TokenBucket(n)) => State::TokenBucket(TokenBucketState {
+        // Across algorithms: `Reset` (or a state that does not match its parameters) starts
+        // fresh at `now`, as a missing bucket would; `Carry` and `Proportional` go through
+        // the old bucket's use (`across`).
+        _ => match (rule, usage(from, state, now)) {
+            (Transition::Carry | Transition::Proportional, Some(used)) => across(rule, used, to),
+            _ => fresh(to, now),
+        },
+    }
+}
+
+/// A fresh bucket of `to` at `now`: what a missing bucket decides on.
+fn fresh(to: &Algorithm, now: u64) -> State {
+    match to {
+        Algorithm::TokenBucket(n) => State::TokenBucket(TokenBucketState {
             level: n.capacity_units(),
             updated: now,
         }),
-        (_, _, Algorithm::FixedWindow(n)) => State::FixedWindow(FixedWindowState {
+        Algorithm::FixedWindow(n) => State::FixedWindow(FixedWindowState {
             window_start: now - now % n.window_micros,
             count: 0,
         }),
-        (_, _, Algorithm::SlidingLog(_)) => State::SlidingLog(SlidingLogState::default()),
+        _ => State::SlidingLog(SlidingLogState::default()),
+    }
+}
+
+/// What a bucket has used at `max(now, its stored time)`, under its own parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Usage {
+    /// `max(now, the stored time)`: a token bucket's `updated`, a fixed window's start, a
+    /// sliding log's newest entry.
+    eff: u64,
+    /// Used, in `unit`s: a token bucket's capacity minus its level (refilled to `eff`); a live
+    /// window's count, or the live entries' costs, at most the limit.
+    used: u64,
+    /// The whole limit in `unit`s (`used <= total`).
+    total: u64,
+    /// Units per request: a token bucket's unit, 1 for the windows.
+    unit: u64,
+}
+
+fn usage(from: &Algorithm, state: &State, now: u64) -> Option<Usage> {
+    Some(match (from, state) {
+        (Algorithm::TokenBucket(o), State::TokenBucket(s)) => {
+            let eff = now.max(s.updated);
+            let total = o.capacity_units();
+            let level = token_bucket::level_at(o, s.level, s.updated, eff);
+            Usage {
+                eff,
+                used: total - level,
+                total,
+                unit: o.unit,
+            }
+        }
+        (Algorithm::FixedWindow(o), State::FixedWindow(s)) => {
+            let live = s.window_start >= now - now % o.window_micros;
+            Usage {
+                eff: now.max(s.window_start),
+                used: if live { s.count.min(o.limit) } else { 0 },
+                total: o.limit,
+                unit: 1,
+            }
+        }
+        (Algorithm::SlidingLog(o), State::SlidingLog(s)) => {
+            let eff = s.entries.back().map_or(now, |&(t, _)| now.max(t));
+            let live: u64 = s
+                .entries
+                .iter()
+                .filter(|&&(t, _)| t + o.window_micros > eff)
+                .map(|&(_, c)| c)
+                .sum();
+            Usage {
+                eff,
+                used: live.min(o.limit),
+                total: o.limit,
+                unit: 1,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// A bucket of `to` at the old bucket's effective time, from what the old one used: `Carry`
+/// keeps the requests used (rounded up to whole requests), at most the new limit;
+/// `Proportional` keeps the fraction of the limit still available (rounded down). A token
+/// bucket holds the rest as its level; a fixed window counts the use in the window containing
+/// that time; a sliding log holds it as one entry at that time (0: none).
+fn across(rule: Transition, u: Usage, to: &Algorithm) -> State {
+    let (total, unit) = match to {
+        Algorithm::TokenBucket(n) => (n.capacity_units(), n.unit),
+        Algorithm::FixedWindow(n) => (n.limit, 1),
+        Algorithm::SlidingLog(n) => (n.limit, 1),
+    };
+    let used = if rule == Transition::Carry {
+        muldiv(u.used.div_ceil(u.unit), unit, 1, total)
+    } else {
+        total - muldiv(u.total - u.used, total, u.total, total)
+    };
+    match to {
+        Algorithm::TokenBucket(_) => State::TokenBucket(TokenBucketState {
+            level: total - used,
+            updated: u.eff,
+        }),
+        Algorithm::FixedWindow(n) => State::FixedWindow(FixedWindowState {
+            window_start: u.eff - u.eff % n.window_micros,
+            count: used,
+        }),
+        Algorithm::SlidingLog(_) => State::SlidingLog(SlidingLogState {
+            entries: if used > 0 {
+                VecDeque::from([(u.eff, used)])
+            } else {
+                VecDeque::new()
+            },
+        }),
     }
 }
 
@@ -173,6 +286,47 @@ mod tests {
             unreachable!()
         };
         assert_eq!(p.entries, VecDeque::from([(1, 1), (2, 1), (3, 1)]));
+    }
+
+    #[test]
+    fn across_algorithms_carry_keeps_the_use_and_proportional_the_fraction() {
+        let tb = Policy::token_bucket(10, crate::Rate::per_second(1)).unwrap();
+        let fw = Policy::fixed_window(4, Duration::from_secs(10)).unwrap();
+        let sl = Policy::sliding_log(4, Duration::from_secs(10)).unwrap();
+        let t = 1_700_000_000_000_000;
+        // 3.5 of 10 tokens left at t: 6.5 used
+        let bucket = State::TokenBucket(TokenBucketState {
+            level: 3_500_000,
+            updated: t,
+        });
+        let window = |rule| match convert(rule, &alg(&tb), &bucket, &alg(&fw), t) {
+            State::FixedWindow(s) => (s.window_start, s.count),
+            _ => unreachable!(),
+        };
+        // carry: 7 requests used (rounded up), at most 4; proportional: 35 % of 4 left → 1
+        assert_eq!(window(Transition::Carry), (t, 4));
+        assert_eq!(window(Transition::Proportional), (t, 3));
+        assert_eq!(window(Transition::Reset), (t, 0));
+        let State::SlidingLog(log) =
+            convert(Transition::Proportional, &alg(&tb), &bucket, &alg(&sl), t)
+        else {
+            unreachable!()
+        };
+        assert_eq!(log.entries, VecDeque::from([(t, 3)]));
+        // a live window of 10 with 3 used, into a token bucket of 4 at 1/s
+        let ten = Policy::fixed_window(10, Duration::from_secs(10)).unwrap();
+        let four = Policy::token_bucket(4, crate::Rate::per_second(1)).unwrap();
+        let counted = State::FixedWindow(FixedWindowState {
+            window_start: t,
+            count: 3,
+        });
+        let level = |rule| match convert(rule, &alg(&ten), &counted, &alg(&four), t + 5) {
+            State::TokenBucket(s) => (s.level, s.updated),
+            _ => unreachable!(),
+        };
+        assert_eq!(level(Transition::Carry), (1_000_000, t + 5));
+        assert_eq!(level(Transition::Proportional), (2_800_000, t + 5));
+        assert_eq!(level(Transition::Reset), (4_000_000, t + 5));
     }
 
     #[test]
