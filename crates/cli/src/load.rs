@@ -147,6 +147,9 @@ struct Tally {
     shared: u64,
     degraded: u64,
     bypassed: u64,
+    /// Requests of a batch that failed on their own (the others were decided).
+    unavailable: u64,
+    errors: u64,
 }
 
 impl Tally {
@@ -173,8 +176,15 @@ impl Probe {
                 tally.add(&limiter.check_key(&keys[0], cost).await?);
             }
             Self::Check(limiter) => {
-                for d in limiter.check_many(keys, cost).await? {
-                    tally.add(&d?);
+                for result in limiter.check_many(keys, cost).await? {
+                    match result {
+                        Ok(d) => tally.add(&d),
+                        Err(Error::Unavailable { .. }) => {
+                            tally.unavailable += 1;
+                            tally.errors += 1;
+                        }
+                        Err(_) => tally.errors += 1,
+                    }
                 }
             }
             Self::Ping(conn) => {
@@ -268,6 +278,8 @@ impl Pending {
                 self.shared += t.shared;
                 self.degraded += t.degraded;
                 self.bypassed += t.bypassed;
+                self.unavailable += t.unavailable;
+                self.errors += t.errors;
             }
             Err(Failure::Unavailable(_)) => {
                 self.unavailable += keys;

@@ -295,7 +295,8 @@ impl Store for RedisStore {
     /// All requests go in one pipeline (one round trip; not a transaction: each request is
     /// atomic on its own, in order). Nothing is sent if any request is invalid. If the server
     /// lost the scripts, the requests it refused with NOSCRIPT — and only those — are resent.
-    /// An error in any request fails the batch, although the other requests were applied.
+    /// Each request has its own result: one refused or failed request does not discard the
+    /// decisions made for the others.
     async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         for r in requests {
             r.policy.check_cost(r.cost)?;

@@ -33,8 +33,8 @@ pub use breaker::{BreakerConfig, BreakerState};
 
 pub use limiter::{Error, FailureMode, Limiter, LimiterBuilder};
 pub use tollgate_core::{
-    Acquire, Algorithm, Clock, Decision, Enforcement, ErrorClass, Key, KeyError, ManualClock,
-    Policy, PolicyError, Rate, SpecError, Store, StoreError, SystemClock, Transition,
+    Acquire, Algorithm, Batch, Clock, Decision, Enforcement, ErrorClass, Key, KeyError,
+    ManualClock, Policy, PolicyError, Rate, SpecError, Store, StoreError, SystemClock, Transition,
 };
 pub use tollgate_local::LocalStore;
 /// The Redis store (re-export of `tollgate-redis`).

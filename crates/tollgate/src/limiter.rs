@@ -388,6 +388,13 @@ impl Limiter {
         let inner = &*self.inner;
         let started = Instant::now();
         let policy = self.policy();
+        if keys.is_empty() {
+            // Nothing to decide, and no store answer: it must not settle the breaker.
+            return policy
+                .check_cost(cost)
+                .map(|()| Vec::new())
+                .map_err(Error::from);
+        }
         if let Err(e) = policy.check_cost(cost) {
             return Err(self.refuse_batch(keys.len(), Error::from(e), started));
         }
@@ -412,7 +419,7 @@ impl Limiter {
                     let answered = results
                         .iter()
                         .any(|r| r.as_ref().map_or_else(|e| !is_outage(e.class()), |_| true));
-                    ticket.settle(answered || results.is_empty());
+                    ticket.settle(answered);
                     results
                 }
                 Err(e) => {
@@ -496,7 +503,13 @@ impl Limiter {
             cache.remove(&key);
         }
         let call = inner.store.reset(&key, self.policy());
-        match tokio::time::timeout(inner.timeout, call).await {
+        let result = tokio::time::timeout(inner.timeout, call).await;
+        if let Some(cache) = &inner.deny_cache {
+            // Again once the store has forgotten the bucket: a request sent during the reset's
+            // round trip read the epoch bumped above and may have met the bucket before it went.
+            cache.remove(&key);
+        }
+        match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) if e.class() == ErrorClass::Invalid => Err(Error::Invalid(e)),
             Ok(Err(e)) if is_outage(e.class()) => Err(Error::Unavailable {
