@@ -158,26 +158,27 @@ impl Breaker {
 
     /// Records an unavailable/busy result.
     pub(crate) fn on_failure(&self, permit: Permit) -> Transition {
-        let open = |from| {
-            self.reopen_at.store(
-                self.now() + self.config.probe_interval.as_micros() as u64,
-                Ordering::Release,
-            );
-            self.state.store(1, Ordering::Release);
-            Some((from, BreakerState::Open))
-        };
+        let due = || self.now() + self.config.probe_interval.as_micros() as u64;
         if permit == Permit::Probe {
-            return open(BreakerState::HalfOpen);
+            // The state is half-open and this probe owns it: set the next probe's time first,
+            // so no caller can see the breaker open with the old time.
+            self.reopen_at.store(due(), Ordering::Release);
+            self.state.store(1, Ordering::Release);
+            return Some((BreakerState::HalfOpen, BreakerState::Open));
         }
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= self.config.failure_threshold
-            && self
+        if n >= self.config.failure_threshold && self.state() == BreakerState::Closed {
+            // The probe's time is written before the breaker opens (the same reason), and the
+            // state is not written again after the swap: a probe may already own it.
+            self.reopen_at.store(due(), Ordering::Release);
+            if self
                 .state
                 .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
-        {
-            self.failures.store(0, Ordering::Release);
-            return open(BreakerState::Closed);
+            {
+                self.failures.store(0, Ordering::Release);
+                return Some((BreakerState::Closed, BreakerState::Open));
+            }
         }
         None
     }
