@@ -12,7 +12,7 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use tollgate_core::{Key, Policy, SpecError, StoreError};
 
@@ -108,11 +108,13 @@ pub enum Published {
     Unchanged,
 }
 
-/// Named policies in Redis. Cloning is cheap; clones share the connection.
+/// Named policies in Redis. Cloning is cheap; clones share the connection, which reconnects
+/// by itself after Redis restarts or drops it (the call that met the failure reports it; the
+/// next one goes over a new connection).
 #[derive(Clone)]
 pub struct RedisRegistry {
     client: redis::Client,
-    conn: MultiplexedConnection,
+    conn: ConnectionManager,
     key: String,
     timeout: Duration,
 }
@@ -149,10 +151,17 @@ impl RedisRegistry {
         timeout: Duration,
     ) -> Result<Self, RegistryError> {
         let client = redis::Client::open(url).map_err(|e| classify(&e))?;
-        let conn = tokio::time::timeout(timeout, client.get_multiplexed_async_connection())
-            .await
-            .map_err(|_| StoreError::Timeout(timeout))?
-            .map_err(|e| classify(&e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1);
+        let conn = tokio::time::timeout(
+            timeout,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(timeout))?
+        .map_err(|e| classify(&e))?;
         Ok(Self {
             client,
             conn,

@@ -9,7 +9,9 @@
 //! notification are one atomic script). If the notification is lost — the subscription's
 //! connection dropped, or the follower started mid-publication — the next poll finds it: a
 //! follower switches at most `poll_interval + timeout` after a publication (the registry's
-//! call deadline), however the notification fares, as long as Redis answers the poll.
+//! call deadline), however the notification fares, as long as Redis answers the poll. After
+//! Redis restarts or drops the registry's connection, the poll that meets the failure reports
+//! it and the connection reconnects, so the bound holds again from the next poll.
 //!
 //! During that window instances run different generations on the same buckets. That is safe:
 //! a bucket written by a newer generation decides older callers under the newer parameters

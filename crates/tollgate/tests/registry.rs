@@ -151,3 +151,29 @@ async fn several_instances_converge_on_a_publication_by_notification_and_by_poll
         Transition::Proportional
     );
 }
+
+/// Redis restarts under a following instance: its registry connection reconnects by itself,
+/// and a policy published after the restart arrives (by polling, the subscription having been
+/// lost with the server) within a few poll bounds.
+#[tokio::test]
+async fn a_follower_keeps_following_after_redis_restarts() {
+    let mut server = RedisServer::start();
+    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
+    registry(&server).await.publish("api", &g1).await.unwrap();
+    let limiter = instance(&server, g1).await;
+    let mut follower = PolicyFollower::start(
+        registry(&server).await,
+        "api",
+        std::slice::from_ref(&limiter),
+        Duration::from_millis(200),
+    )
+    .await
+    .unwrap();
+    server.restart();
+    let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
+    registry(&server).await.publish("api", &g2).await.unwrap();
+    let within = follower.bound() * 3;
+    let took = converge(std::slice::from_mut(&mut follower), 2, within).await;
+    eprintln!("after a restart, switched to generation 2 in {took:?} (bound {within:?})");
+    assert_eq!(*limiter.policy(), g2);
+}
