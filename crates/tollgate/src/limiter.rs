@@ -148,7 +148,9 @@ impl LimiterBuilder {
         self
     }
 
-    /// Deadline for one store call (default 250 ms).
+    /// Deadline for one store call (default 250 ms). Keep it shorter than any deadline of the
+    /// callers: a call dropped before it fires has no outcome, and the circuit breaker cannot
+    /// count what it never saw (see `docs/failure-modes.md`).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
