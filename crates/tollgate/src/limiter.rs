@@ -780,18 +780,23 @@ mod tests {
         assert_eq!(tb.max_elapsed_micros, Some(2_000_000), "the cap is kept");
     }
 
+    /// A fail-closed limiter of 10 per second on a fresh local store.
+    fn local_limiter() -> Limiter {
+        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+        Limiter::builder("op", policy)
+            .store(Arc::new(LocalStore::new()))
+            .failure_mode(FailureMode::Closed)
+            .build()
+            .unwrap()
+    }
+
     /// Every decision builds the `check_key` future. It was 216 bytes before the breaker's
     /// ticket and the deny cache's epoch were held across the store call; 320 with them (the
     /// same whether the work around the call is split into synchronous functions or not). The
     /// bound catches growth past that; the size is the type's, whatever the store.
     #[tokio::test]
     async fn a_decision_future_stays_small() {
-        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
-        let limiter = Limiter::builder("op", policy)
-            .store(Arc::new(LocalStore::new()))
-            .failure_mode(FailureMode::Closed)
-            .build()
-            .unwrap();
+        let limiter = local_limiter();
         let key = limiter.key(["k"]).unwrap();
         let call = limiter.check_key(&key, 1);
         let size = size_of_val(&call);
@@ -801,12 +806,7 @@ mod tests {
 
     #[tokio::test]
     async fn cost_above_capacity_is_invalid_not_a_denial() {
-        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
-        let limiter = Limiter::builder("op", policy)
-            .store(Arc::new(LocalStore::new()))
-            .failure_mode(FailureMode::Closed)
-            .build()
-            .unwrap();
+        let limiter = local_limiter();
         let err = limiter.check(["a"], 11).await.unwrap_err();
         assert!(matches!(
             err,
