@@ -32,7 +32,9 @@
 //! ```
 
 use std::fmt::Write as _;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -63,7 +65,7 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 pub struct RateLimitResponses {
     name: Arc<str>,
     source: PolicySource,
-    rendered: Arc<RwLock<Rendered>>,
+    rendered: Arc<ArcSwap<Rendered>>,
     legacy: bool,
 }
 
@@ -105,7 +107,7 @@ impl RateLimitResponses {
         Self {
             name: name.into(),
             source,
-            rendered: Arc::new(RwLock::new(Rendered {
+            rendered: Arc::new(ArcSwap::from_pointee(Rendered {
                 policy: *policy,
                 field: render_policy(name, policy),
             })),
@@ -142,21 +144,16 @@ impl RateLimitResponses {
     /// The `RateLimit-Policy` value for `policy`, from the cache when it is the policy last
     /// rendered.
     fn policy_field_for(&self, policy: &Policy) -> HeaderValue {
-        {
-            let cached = self.rendered.read().unwrap_or_else(PoisonError::into_inner);
-            if cached.policy == *policy {
-                return cached.field.clone();
-            }
+        // A lock-free read on every response; a new policy is rendered once and swapped in.
+        let cached = self.rendered.load();
+        if cached.policy == *policy {
+            return cached.field.clone();
         }
         let field = render_policy(&self.name, policy);
-        let mut cached = self
-            .rendered
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        *cached = Rendered {
+        self.rendered.store(Arc::new(Rendered {
             policy: *policy,
             field: field.clone(),
-        };
+        }));
         field
     }
 
