@@ -371,7 +371,7 @@ impl Limiter {
             }
             Err(e) => {
                 ticket.settle(!is_outage(e.class()));
-                self.on_store_error(key, cost, e)
+                self.on_store_error(key, cost, e, None)
             }
         }
     }
@@ -458,17 +458,7 @@ impl Limiter {
                 let outcome = match result {
                     Ok(d) => Ok(d),
                     Err(e) if permit == Permit::Skip => self.fail_over(key, cost, e),
-                    Err(e) => {
-                        let class = e.class();
-                        inner.meters.store_error(class);
-                        if is_outage(class) || class == ErrorClass::Capacity {
-                            let n = failed.get_or_insert((class, e.to_string(), 0));
-                            n.2 += 1;
-                            self.fail_over(key, cost, e)
-                        } else {
-                            self.classify(key, e)
-                        }
-                    }
+                    Err(e) => self.on_store_error(key, cost, e, Some(&mut failed)),
                 };
                 inner.meters.record(&outcome, started);
                 outcome
@@ -568,11 +558,22 @@ impl Limiter {
     }
 
     /// The answer to a store error (the breaker already settled).
-    fn on_store_error(&self, key: &Key, cost: u64, error: StoreError) -> Result<Decision, Error> {
+    /// `batch`: within a batch, the first failure's class and message and the count of
+    /// failures, for one warning after the batch; `None` warns now.
+    fn on_store_error(
+        &self,
+        key: &Key,
+        cost: u64,
+        error: StoreError,
+        batch: Option<&mut Option<(ErrorClass, String, usize)>>,
+    ) -> Result<Decision, Error> {
         let class = error.class();
         self.inner.meters.store_error(class);
         if is_outage(class) || class == ErrorClass::Capacity {
-            self.warn_outage(class, &error, 1);
+            match batch {
+                Some(failed) => failed.get_or_insert((class, error.to_string(), 0)).2 += 1,
+                None => self.warn_outage(class, &error, 1),
+            }
             return self.fail_over(key, cost, error);
         }
         self.classify(key, error)
