@@ -243,6 +243,6 @@ echo "|---|---:|---:|---:|"
 for L in 10 100 1000; do
   # one task, one call at a time: every admission at its own microsecond, so none merge
   ad=$($B load --redis "$URL" --policy "sliding-log:limit=$L,window=1h" --keys 1 --tasks 1 --requests $((L + 5)) --prefix "bound$L:" --json | j "'%d / %d' % (d['allowed'], d['denied'])")
-  k="bound$L:{load:k0}:sl"
+  k="bound$L:{load:k0}"
   echo "| sliding-log:limit=$L,window=1h | $ad | $(redis-cli -p "$PORT" strlen "$k") | $(redis-cli -p "$PORT" memory usage "$k") |"
 done

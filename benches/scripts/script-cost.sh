@@ -10,19 +10,24 @@
 # token bucket at 50/s, refilled 20 ms after one token) is gone at the next call and takes the
 # missing-bucket path; the per-hour row keeps its record and takes the stored-bucket path.
 #
+# tollgate's rows run its one script (every algorithm), exactly as the store loads it
+# (`tollgate ceiling --print-script`); each row has keys of its own, since one key holds a
+# bucket whatever its algorithm.
+#
 # Usage: benches/scripts/script-cost.sh [calls]   (needs valgrind, redis-server, python3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${1:-5000}
 PORT=${PORT:-7795}
 DIR=$(mktemp -d)
+cargo build --release -q -p tollgate-cli
+target/release/tollgate ceiling --policy token-bucket:capacity=1,rate=1 --print-script >"$DIR/tollgate.lua"
 valgrind --tool=callgrind --callgrind-out-file="$DIR/out.%p" \
   redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
   >"$DIR/valgrind.log" 2>&1 &
 VG=$!
 trap 'redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; wait $VG 2>/dev/null || true; rm -rf "$DIR"' EXIT
 for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
-S=crates/redis-backend/scripts
 cost() { # name, script file(s), key, args...
   local name=$1 src=$2 key=$3; shift 3
   local sha
@@ -39,16 +44,16 @@ cost() { # name, script file(s), key, args...
 }
 echo "| script (policy) | instructions per call |"
 echo "|---|---:|"
-E=$S/epilogue.lua
+T=$DIR/tollgate.lua
 # ARGV: tollgate's one argument, MessagePack (mp:...): the record's head (tag, generation, 0,
 # parameters), then transition, cost, commit; see crates/redis-backend/src/scripts.rs
 cost "floor: TIME + GET + SET PX, nothing else (benches/scripts/floor.lua), 8 decimal arguments" benches/scripts/floor.lua 'f:{k__rand_int__}' 100 1000000 50 0 0 1 1 1
 cost "floor, with tollgate's one argument" benches/scripts/floor.lua 'f1:{k__rand_int__}' mp:1,0,0,100,1000000,50,0,1,1,1
 cost "source text's token bucket (100, 50/s)" benches/scripts/seed_token_bucket.lua 'seed:{k__rand_int__}' 100 50 1
-cost "tollgate token bucket (100, 50/s; bucket expired at each call)" "$S/prelude.lua $S/token_bucket.lua $E" 'tollgate:{k__rand_int__}:tb' mp:1,0,0,100,1000000,50,0,1,1,1
-cost "tollgate token bucket (100 per hour; bucket stored at each call)" "$S/prelude.lua $S/token_bucket.lua $E" 'tollgate:{k__rand_int__}:tbh' mp:1,0,0,100,36000000,1,0,1,1,1
-cost "tollgate fixed window (100 per 1 min)" "$S/prelude.lua $S/fixed_window.lua $E" 'tollgate:{k__rand_int__}:fw' mp:2,0,0,100,60000000,1,1,1
-cost "tollgate sliding log (100 per 1 min; 5 entries per key by the end)" "$S/prelude.lua $S/sliding_log.lua $E" 'tollgate:{k__rand_int__}:sl' mp:3,0,0,100,60000000,1,1,1
+cost "tollgate token bucket (100, 50/s; bucket expired at each call)" "$T" 'tollgate:{k__rand_int__}' mp:1,0,0,100,1000000,50,0,1,1,1
+cost "tollgate token bucket (100 per hour; bucket stored at each call)" "$T" 'tollgate:{h__rand_int__}' mp:1,0,0,100,36000000,1,0,1,1,1
+cost "tollgate fixed window (100 per 1 min)" "$T" 'tollgate:{w__rand_int__}' mp:2,0,0,100,60000000,1,1,1
+cost "tollgate sliding log (100 per 1 min; 5 entries per key by the end)" "$T" 'tollgate:{s__rand_int__}' mp:3,0,0,100,60000000,1,1,1
 # one token per hour, cost 1: the warm-up pass takes each key's token, so every measured call
 # is a denial on a stored bucket (a token-bucket denial writes nothing: GET, no SET)
-cost "tollgate token bucket (1 per hour; denied at each call)" "$S/prelude.lua $S/token_bucket.lua $E" 'tollgate:{k__rand_int__}:tbd' mp:1,0,0,1,3600000000,1,0,1,1,1
+cost "tollgate token bucket (1 per hour; denied at each call)" "$T" 'tollgate:{d__rand_int__}' mp:1,0,0,1,3600000000,1,0,1,1,1

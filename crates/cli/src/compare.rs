@@ -220,8 +220,8 @@ impl Bare {
 #[derive(Args, Debug)]
 pub(crate) struct CeilingArgs {
     /// The Redis server (redis:// only: the driver has no TLS).
-    #[arg(long, value_name = "URL")]
-    redis: String,
+    #[arg(long, value_name = "URL", required_unless_present = "print_script")]
+    redis: Option<String>,
     /// Run tollgate's script for this policy, with the argument a decision sends.
     #[arg(long, conflicts_with = "script", required_unless_present = "script")]
     policy: Option<Policy>,
@@ -246,24 +246,37 @@ pub(crate) struct CeilingArgs {
     /// Distinct keys, picked at random (`-r`).
     #[arg(long, default_value_t = 100_000)]
     keys: usize,
-    /// Key prefix (the key is `<prefix>{load:k<12 digits>}:<suffix>`, `tb` for `--script`).
+    /// Key prefix (the key is `<prefix>{load:k<12 digits>}`, and `:tb` after it for `--script`).
     #[arg(long, default_value = "tollgate:")]
     prefix: String,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+    /// Print the Lua source of tollgate's script for `--policy` (as the store loads it) and
+    /// exit, for tools that run it outside tollgate (`benches/scripts/script-cost.sh`).
+    #[arg(long, requires = "policy")]
+    print_script: bool,
 }
 
 /// Runs `tollgate ceiling`.
 pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
-    let ep = Arc::new(endpoint(&args.redis)?);
+    if args.print_script {
+        let policy = args
+            .policy
+            .as_ref()
+            .context("--print-script needs --policy")?;
+        print!("{}", scripts::for_policy(policy).source());
+        return Ok(());
+    }
+    let url = args.redis.as_deref().context("give --redis")?;
+    let ep = Arc::new(endpoint(url)?);
     let bare = if let Some(path) = &args.script {
         let script_args = args.args.iter().map(|a| a.clone().into_bytes()).collect();
-        Bare::from_file(&args.redis, &args.prefix, path, "--script", script_args).await?
+        Bare::from_file(url, &args.prefix, path, "--script", script_args).await?
     } else {
         let policy = args.policy.as_ref().context("give --policy or --script")?;
         policy.check_cost(args.cost)?;
-        Bare::for_policy(&args.redis, &args.prefix, policy, args.cost).await?
+        Bare::for_policy(url, &args.prefix, policy, args.cost).await?
     };
     let bare = Arc::new(bare);
     let rps = drive(
