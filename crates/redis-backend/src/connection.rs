@@ -48,16 +48,18 @@ impl Conn {
         value.extract_error()
     }
 
-    /// Sends a pipeline in one round trip (on a cluster: one round trip per node). Error
-    /// replies stay in place as [`Value::ServerError`], so the caller sees which commands
-    /// failed.
-    /// Sends `pipe` (`count` commands) and returns one reply per command, an error reply as
-    /// `Err`. The outer error means no reply came back at all (the connection failed). On a
-    /// cluster each command goes to its own node, so some may fail while others are answered.
+    /// Sends `pipe` (`count` commands) in one round trip (on a cluster: one per node) and
+    /// returns one reply per command, an error reply as `Err`. The outer error means no reply
+    /// came back at all (the connection failed). On a cluster each command goes to its own
+    /// node, so some may fail while others are answered; with `cut`, a command still
+    /// unanswered then fails alone (timed out) and the others keep their replies, so a node
+    /// that hangs does not take the answered nodes' replies down with it. Elsewhere `cut` is
+    /// unused: the caller's deadline covers the one round trip.
     pub(crate) async fn pipeline(
         &self,
         pipe: &Pipeline,
         count: usize,
+        cut: Option<tokio::time::Instant>,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
         // Boxed as in `command`.
         let replies = match self {
@@ -67,7 +69,7 @@ impl Conn {
                     .await
             }
             Self::Sentinel(s) => Box::pin(s.pipeline(pipe, count)).await,
-            Self::Cluster(c) => return Ok(Box::pin(cluster_pipeline(c, pipe)).await),
+            Self::Cluster(c) => return Ok(Box::pin(cluster_pipeline(c, pipe, cut)).await),
         }?;
         Ok(replies.into_iter().map(Value::extract_error).collect())
     }
@@ -509,9 +511,25 @@ fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
 /// redirection of one command would make the connection resend the whole pipeline, running
 /// the others twice. Plain error replies (`NOSCRIPT`, a script error) stay in place; a
 /// connection failure, or a cluster state that outlasts the redirections (`CLUSTERDOWN`,
-/// `TRYAGAIN`), fails the batch.
-async fn cluster_pipeline(cluster: &ClusterConnection, pipe: &Pipeline) -> Vec<RedisResult<Value>> {
-    let calls = pipe.cmd_iter().map(|cmd| cluster_command(cluster, cmd));
+/// `TRYAGAIN`), fails that command alone. A command not answered by `cut` fails alone as timed
+/// out (an I/O error, class unavailable): it may have run, as any call that times out.
+async fn cluster_pipeline(
+    cluster: &ClusterConnection,
+    pipe: &Pipeline,
+    cut: Option<tokio::time::Instant>,
+) -> Vec<RedisResult<Value>> {
+    let calls = pipe.cmd_iter().map(|cmd| async move {
+        let call = cluster_command(cluster, cmd);
+        match cut {
+            Some(at) => tokio::time::timeout_at(at, call).await.unwrap_or_else(|_| {
+                Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no reply from the key's node before the batch's deadline",
+                )))
+            }),
+            None => call.await,
+        }
+    });
     futures_util::future::join_all(calls)
         .await
         .into_iter()

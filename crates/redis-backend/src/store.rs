@@ -17,6 +17,10 @@ use crate::connection::Conn;
 use crate::error::{classify, is_noscript};
 use crate::scripts::{self, BucketKey, Call, Invocation};
 
+/// How long before a batch's deadline a cluster command still unanswered fails on its own (at
+/// most a tenth of the deadline): the margin for the other nodes' replies to be returned.
+const CUT_MARGIN: Duration = Duration::from_millis(10);
+
 /// A [`Store`] backed by Redis.
 ///
 /// Each bucket is one Redis STRING at `<prefix>{<key>}`, whatever its algorithm: the whole
@@ -125,7 +129,7 @@ impl RedisStore {
         let replies = self
             .inner
             .conn
-            .pipeline(&pipe, scripts::all().len())
+            .pipeline(&pipe, scripts::all().len(), None)
             .await
             .map_err(|e| classify(&e))?;
         for (reply, script) in replies.into_iter().zip(scripts::all()) {
@@ -185,7 +189,11 @@ impl RedisStore {
         .await
     }
 
-    async fn invoke_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
+    async fn invoke_many(
+        &self,
+        requests: &[Acquire<'_>],
+        cut: tokio::time::Instant,
+    ) -> Result<Batch, StoreError> {
         let invs: Vec<Invocation<'_>> = requests
             .iter()
             .map(|r| Invocation::new(&self.inner.prefix, r.key.as_str(), r.policy, r.cost, true))
@@ -197,7 +205,7 @@ impl RedisStore {
         let mut replies = self
             .inner
             .conn
-            .pipeline(&pipe, invs.len())
+            .pipeline(&pipe, invs.len(), Some(cut))
             .await
             .map_err(|e| classify(&e))?;
         if replies.len() != invs.len() {
@@ -216,7 +224,12 @@ impl RedisStore {
             for &i in &missing {
                 retry.add_command(invs[i].cmd(Call::Eval));
             }
-            match self.inner.conn.pipeline(&retry, missing.len()).await {
+            match self
+                .inner
+                .conn
+                .pipeline(&retry, missing.len(), Some(cut))
+                .await
+            {
                 Ok(again) if again.len() == missing.len() => {
                     for (i, reply) in missing.into_iter().zip(again) {
                         replies[i] = reply;
@@ -304,7 +317,15 @@ impl Store for RedisStore {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        self.deadline(self.invoke_many(requests)).await
+        // On a cluster each command is also cut a little before the deadline, so that the
+        // commands a hung node holds fail alone and the batch returns the other nodes' replies
+        // before the deadline below would discard them all.
+        let limit = self.inner.timeout;
+        let at = tokio::time::Instant::now() + limit;
+        let cut = at - (limit / 10).min(CUT_MARGIN);
+        tokio::time::timeout_at(at, self.invoke_many(requests, cut))
+            .await
+            .unwrap_or(Err(StoreError::Timeout(limit)))
     }
 
     async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
