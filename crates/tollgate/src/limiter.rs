@@ -78,6 +78,20 @@ pub enum Error {
     /// handled by the failure mode.
     #[error("rate limiter store error: {0}")]
     Store(#[source] StoreError),
+    /// The store answered a batch with another number of results than it was given requests
+    /// (a bug in the [`Store`] implementation). Results cannot be matched to keys by position
+    /// then, so none is used; the decisions the store made may have consumed allowance.
+    #[error(
+        "rate limiter store for {operation:?} answered a batch of {requested} requests with {returned} results (a store bug)"
+    )]
+    BatchMismatch {
+        /// The operation.
+        operation: Arc<str>,
+        /// Requests sent.
+        requested: usize,
+        /// Results returned.
+        returned: usize,
+    },
     /// The limiter was built without a store or a failure mode.
     #[error("limiter {operation:?} needs {missing}")]
     Incomplete {
@@ -381,7 +395,9 @@ impl Limiter {
     /// as [`Limiter::check_key`] would have returned it: a request the store could not decide
     /// takes the failure mode on its own, and the decisions the store did make are kept (the
     /// allowance they consumed is spent). The outer error is for invalid input (a cost above
-    /// the limit, refused before anything is written) or a store error that is a bug.
+    /// the limit, refused before anything is written) or a store error that is a bug,
+    /// including a batch answered with the wrong number of results
+    /// ([`Error::BatchMismatch`]).
     pub async fn check_many(
         &self,
         keys: &[Key],
@@ -416,6 +432,18 @@ impl Limiter {
                 Err(_) => Err(StoreError::Timeout(inner.timeout)),
             };
             match batch {
+                Ok(results) if results.len() != keys.len() => {
+                    // Answered, so the store is there: not an outage for the breaker.
+                    ticket.settle(true);
+                    inner.meters.store_error(ErrorClass::Script);
+                    let error = Error::BatchMismatch {
+                        operation: inner.operation.clone(),
+                        requested: keys.len(),
+                        returned: results.len(),
+                    };
+                    tracing::error!(operation = %inner.operation, %error, "rate limiter store error (bug)");
+                    return Err(self.refuse_batch(keys.len(), error, started));
+                }
                 Ok(results) => {
                     // One answer is enough to show the store is there.
                     let answered = results
