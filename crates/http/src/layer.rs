@@ -182,6 +182,13 @@ where
                     return Ok(responses.rejected(&rejection));
                 }
             };
+            if cost == 0 {
+                // The cost function broke its contract (at least 1): the server's
+                // misconfiguration, so not the client's 400.
+                tracing::error!(target: "tollgate_http", route, "the route's cost function returned 0 (costs are at least 1); answering 500");
+                count(route, 500, "none");
+                return Ok(crate::response::misconfigured());
+            }
             let decision = match shared.limiter.check([key], cost).await {
                 Ok(d) => d,
                 Err(error) => {

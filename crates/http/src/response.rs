@@ -15,7 +15,7 @@
 //! | cost above capacity | 413 | — | yes | — |
 //! | other invalid input, refused key or cost | 400 / 401 | — | — | — |
 //! | limiter unavailable (`Closed`) | 503 | — | — | — |
-//! | store error (a bug) | 500 | — | — | — |
+//! | store error (a bug), or a cost of 0 from the route's cost function | 500 | — | — | — |
 //!
 //! ```
 //! use std::time::Duration;
@@ -275,6 +275,15 @@ impl RateLimitResponses {
     pub fn rejected<B: From<String>>(&self, rejection: &Rejection) -> Response<B> {
         text(rejection.status(), format!("{}\n", rejection.message()))
     }
+}
+
+/// 500 for a route the server set up wrong (a cost function returning 0): the request was
+/// fine, so it gets no 4xx. The layer logs what was wrong; the client is not told.
+pub(crate) fn misconfigured<B: From<String>>() -> Response<B> {
+    text(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "rate limiter error\n".to_owned(),
+    )
 }
 
 fn text<B: From<String>>(status: StatusCode, body: String) -> Response<B> {

@@ -14,7 +14,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Request, Response, StatusCode};
 use axum::routing::get;
 use tollgate::{FailureMode, Limiter, LocalStore, ManualClock, Policy, Rate, Store, Transition};
-use tollgate_http::{ClientIpKey, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
+use tollgate_http::{ClientIpKey, FixedCost, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
 use tower::ServiceExt;
 
 /// 2023-11-14T22:13:20.3Z: 20.3 s into a 30 s window, 20.3 s into a 60 s one.
@@ -436,4 +436,25 @@ async fn an_instance_behind_a_rollout_shows_the_quota_that_decided() {
         Some(r#""api";q=10;w=60"#)
     );
     assert_eq!(remaining(&resp), 7);
+}
+
+/// A server-side cost of 0 (`FixedCost(0)`, or any `CostFn` breaking its "at least 1"
+/// contract) is the server's misconfiguration, not the client's request: 500, without quota
+/// fields, and nothing consumed.
+#[tokio::test]
+async fn a_zero_cost_from_the_server_is_a_server_error_not_the_clients() {
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new());
+    let policy = Policy::fixed_window(5, Duration::from_secs(60)).unwrap();
+    let layer = RateLimitLayer::new(
+        limiter("zero", policy, &store, FailureMode::Closed),
+        RouteKey,
+    )
+    .cost(FixedCost(0));
+    let app = Router::new().route("/zero", get(|| async { "ok" }).route_layer(layer));
+    let resp = send(&app, get_req("/zero")).await;
+    eprintln!("FixedCost(0) answered {}", resp.status());
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    for name in ["retry-after", "ratelimit", "ratelimit-policy"] {
+        assert!(resp.headers().get(name).is_none(), "{name}");
+    }
 }
