@@ -187,7 +187,10 @@ impl RateLimitResponses {
     /// The client is never told how the decision was made:
     ///
     /// - A degraded decision, made against a locally scaled-down quota, shows the policy's
-    ///   limit, not the local one.
+    ///   limit, not the local one, and its own `t`. When that `t` exceeds the policy's window
+    ///   (a share floored to one token refills slower than the whole quota), `w` is left out,
+    ///   so the fields never contradict each other; so it is for any decision whose `t`
+    ///   exceeds the window.
     /// - A bypassed decision (fail-open: nothing was counted) is shown as the shared store
     ///   would answer this request on an untouched bucket: `r` = the limit minus `cost`, and
     ///   `t` = the time `cost` takes to refill (token bucket), the end of the current
@@ -207,11 +210,19 @@ impl RateLimitResponses {
         // The shared store decides a bucket that a newer policy (another instance, mid
         // rollout) already wrote under that policy's parameters: show the quota that decided,
         // without a window this instance does not know, rather than one `r` may exceed.
+        // Likewise a decision whose reset lies beyond the policy's window (a degraded share
+        // floored to one token refills slower than the whole quota; a rollout's longer
+        // window): the window is left out rather than contradicted by `t`.
         let (limit, policy_field) =
             if decision.enforcement == Enforcement::Shared && decision.limit != policy.limit() {
                 (
                     decision.limit,
                     render_quota(&self.name, decision.limit, None),
+                )
+            } else if window_secs(&policy).is_some_and(|w| decision.reset_after_secs() > w) {
+                (
+                    policy.limit(),
+                    render_quota(&self.name, policy.limit(), None),
                 )
             } else {
                 (policy.limit(), self.policy_field_for(&policy))
