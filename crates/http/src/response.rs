@@ -95,7 +95,7 @@ impl RateLimitResponses {
     /// the policy in force when it is built ([`Limiter::policy`]), so the fields follow
     /// [`Limiter::set_policy`].
     pub fn for_limiter(limiter: &Limiter) -> Self {
-        let policy = *limiter.policy();
+        let policy = limiter.policy();
         Self::build(
             limiter.operation(),
             PolicySource::Limiter(limiter.clone()),
@@ -132,7 +132,7 @@ impl RateLimitResponses {
     pub fn policy(&self) -> Policy {
         match &self.source {
             PolicySource::Fixed(p) => *p,
-            PolicySource::Limiter(l) => *l.policy(),
+            PolicySource::Limiter(l) => l.policy(),
         }
     }
 

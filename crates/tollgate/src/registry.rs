@@ -72,7 +72,7 @@ impl Follow {
     fn apply(&self, published: Policy) -> bool {
         let mut switched = false;
         for l in &self.limiters {
-            if newer(&published, l.policy()) {
+            if newer(&published, &l.policy()) {
                 l.set_policy(published);
                 switched = true;
             }
@@ -141,7 +141,7 @@ impl PolicyFollower {
         let published = registry.get(&name).await?;
         let initial = limiters
             .first()
-            .map(|l| *l.policy())
+            .map(Limiter::policy)
             .or(published)
             .ok_or_else(|| {
                 RegistryError::BadName(format!("{name} (nothing published, no limiter)"))
