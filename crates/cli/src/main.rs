@@ -64,20 +64,51 @@ impl StoreArgs {
         match &self.redis {
             None => Ok(Arc::new(LocalStore::new())),
             Some(url) => {
-                let mut builder = tollgate::redis::RedisStore::builder(url.clone())
-                    .prefix(self.prefix.clone())
-                    .timeout(self.timeout);
-                builder = match (self.pool, self.multiplexed) {
-                    (Some(size), _) => builder.pool(size),
-                    (None, true) => builder.multiplexed(),
-                    (None, false) => builder,
-                };
-                let store = builder
+                let store = self
+                    .redis_builder(url)
                     .build()
                     .await
                     .with_context(|| format!("connecting to {url}"))?;
                 Ok(Arc::new(store))
             }
+        }
+    }
+
+    /// As [`StoreArgs::connect`], for a long-running server: a Redis that cannot be reached
+    /// (or answers too late) at startup is not fatal. It is logged, and the store connects
+    /// when Redis answers; until then each limiter applies its failure mode, as it does when
+    /// Redis goes away later. A configuration that can never work is still an error.
+    pub(crate) async fn connect_or_defer(&self) -> Result<Arc<dyn Store>> {
+        let Some(url) = &self.redis else {
+            return self.connect().await;
+        };
+        match self.redis_builder(url).build().await {
+            Ok(store) => Ok(Arc::new(store)),
+            Err(error) if error.class() == tollgate::ErrorClass::Unavailable => {
+                // The URL is not logged: it may carry a password.
+                tracing::warn!(
+                    %error,
+                    "Redis cannot be reached at startup; serving with each route's failure mode until it answers"
+                );
+                let store = self
+                    .redis_builder(url)
+                    .build_lazy()
+                    .await
+                    .with_context(|| format!("configuring the store for {url}"))?;
+                Ok(Arc::new(store))
+            }
+            Err(error) => Err(error).with_context(|| format!("connecting to {url}")),
+        }
+    }
+
+    fn redis_builder(&self, url: &str) -> tollgate::redis::RedisStoreBuilder {
+        let builder = tollgate::redis::RedisStore::builder(url.to_owned())
+            .prefix(self.prefix.clone())
+            .timeout(self.timeout);
+        match (self.pool, self.multiplexed) {
+            (Some(size), _) => builder.pool(size),
+            (None, true) => builder.multiplexed(),
+            (None, false) => builder,
         }
     }
 

@@ -1,6 +1,7 @@
 //! `tollgate serve`: a small demo HTTP service with a rate-limited route per policy-file
 //! entry (the built-in file has three, each under a different algorithm), on the local store
-//! or, with `--redis`, on a Redis shared by every process started against it.
+//! or, with `--redis`, on a Redis shared by every process started against it. A Redis that is
+//! down at startup is not fatal: the routes apply their failure modes until it answers.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -51,7 +52,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
                 .context("invalid policy file")?
         }
     };
-    let store = args.store.connect().await?;
+    // A server starts during a Redis outage too: its routes apply their failure modes.
+    let store = args.store.connect_or_defer().await?;
 
     let mut app = Router::new();
     for route in &file.routes {

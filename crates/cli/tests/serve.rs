@@ -189,6 +189,102 @@ async fn serve_answers_503_under_closed_when_redis_is_killed() {
     );
 }
 
+const OUTAGE_CONFIG: &str = r#"
+[[route]]
+name = "quota"
+path = "/quota"
+key = "route"
+policy = "token-bucket:capacity=10,rate=1"
+failure_mode = "closed"
+
+[[route]]
+name = "lenient"
+path = "/lenient"
+key = "route"
+policy = "fixed-window:limit=100,window=1m"
+failure_mode = "open"
+
+[[route]]
+name = "fallback"
+path = "/fallback"
+key = "route"
+policy = "fixed-window:limit=4,window=1h"
+failure_mode = "degraded"
+expected_instances = 2
+"#;
+
+/// GETs `path` until it is not 503 (the limiter's breaker probes Redis again within its
+/// probe interval); returns that response. Bounded: 10 s.
+async fn until_shared(http: &reqwest::Client, serve: &Serve, path: &str) -> Response {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let resp = http.get(serve.url(path)).send().await.unwrap();
+        if resp.status() != StatusCode::SERVICE_UNAVAILABLE {
+            return resp;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path}: still 503 10 s after Redis started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Redis is down when two serve processes start (one on the default pool, one on the
+/// multiplexed connection): they start anyway, and each route applies its failure mode — 503
+/// where it fails closed, admitted where it fails open, its local share where it degrades.
+/// Once a redis-server listens on that port, both enforce the one shared quota.
+#[tokio::test]
+async fn serve_starts_while_redis_is_down_and_shares_the_quota_once_it_is_up() {
+    let mut redis = frozen_redis();
+    let url = redis.url();
+    redis.kill();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), OUTAGE_CONFIG);
+    let common = ["--config", &config, "--redis", &url, "--timeout", "200ms"];
+    let a = Serve::start(&common);
+    let b = Serve::start(&[&common[..], &["--multiplexed"]].concat());
+    let http = client();
+    for serve in [&a, &b] {
+        let resp = http.get(serve.url("/quota")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let resp = http.get(serve.url("/lenient")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        // 4 per hour over 2 expected instances: 2 here.
+        for expected in [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+        ] {
+            let resp = http.get(serve.url("/fallback")).send().await.unwrap();
+            assert_eq!(resp.status(), expected);
+        }
+    }
+
+    redis.restart();
+    redis.clock().freeze_at_micros(START_MICROS);
+    let mut admitted = Vec::new();
+    for serve in [&a, &b] {
+        let resp = until_shared(&http, serve, "/quota").await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        admitted.push(remaining(&resp));
+    }
+    let mut denied = 0;
+    for i in 0..20 {
+        let serve = if i % 2 == 0 { &a } else { &b };
+        let resp = http.get(serve.url("/quota")).send().await.unwrap();
+        match resp.status() {
+            StatusCode::OK => admitted.push(remaining(&resp)),
+            StatusCode::TOO_MANY_REQUESTS => denied += 1,
+            other => panic!("request {i}: unexpected {other}"),
+        }
+    }
+    eprintln!("after Redis started: remaining {admitted:?}, {denied} denied");
+    // One bucket in Redis across both processes: capacity 10, admitted once.
+    assert_eq!(admitted, (0..10).rev().collect::<Vec<u64>>());
+    assert_eq!(denied, 12);
+}
+
 #[tokio::test]
 async fn serve_runs_the_builtin_policy_file_on_the_local_store() {
     let serve = Serve::start(&[]);

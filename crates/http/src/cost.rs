@@ -23,11 +23,12 @@ use crate::key::Rejection;
 
 /// Reads the cost of a request (at least 1).
 pub trait CostFn: Clone + Send + Sync + 'static {
-    /// The cost of `request`, or why it is refused.
+    /// The cost of `request`, or why it is refused. A cost of 0 breaks the contract: the
+    /// layer answers it 500 (the server's misconfiguration, e.g. `FixedCost(0)`), not 400.
     fn cost<B>(&self, request: &Request<B>) -> Result<u64, Rejection>;
 }
 
-/// Every request costs the same (1 by default).
+/// Every request costs the same (1 by default; 0 is a misconfiguration, answered 500).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedCost(pub u64);
 

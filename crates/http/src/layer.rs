@@ -32,14 +32,16 @@
 //!
 //! `Degraded` and `Bypassed` decisions look like ordinary ones to the client (same fields; a
 //! bypass is shown as an untouched bucket would answer, see
-//! [`RateLimitResponses::decorate_with_cost`]); they are
-//! logged (`tracing`, target `tollgate_http`) and counted in
+//! [`RateLimitResponses::decorate_with_cost`]). Operators see them in the logs (`tracing`,
+//! target `tollgate_http`) once per change of a route's enforcement — a warning when it starts
+//! deciding without the shared store, a note when it is back — and every one of them in
 //! `tollgate_http_responses_total{route, status, enforcement}` (the limiter itself counts
 //! `tollgate_decisions_total{operation, outcome, enforcement}`).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use axum::http::{Request, Response};
@@ -57,6 +59,7 @@ pub struct RateLimitLayer<K, C = FixedCost> {
     key: K,
     cost: C,
     responses: RateLimitResponses,
+    enforcement: Arc<LastEnforcement>,
 }
 
 impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
@@ -70,6 +73,7 @@ impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
             key,
             cost: FixedCost::default(),
             responses,
+            enforcement: Arc::default(),
         }
     }
 }
@@ -82,6 +86,7 @@ impl<K: KeyExtractor, C: CostFn> RateLimitLayer<K, C> {
             key: self.key,
             cost,
             responses: self.responses,
+            enforcement: self.enforcement,
         }
     }
 
@@ -114,6 +119,7 @@ impl<S, K: KeyExtractor, C: CostFn> Layer<S> for RateLimitLayer<K, C> {
                 key: self.key.clone(),
                 cost: self.cost.clone(),
                 responses: self.responses.clone(),
+                enforcement: self.enforcement.clone(),
             }),
         }
     }
@@ -141,6 +147,46 @@ struct Shared<K, C> {
     key: K,
     cost: C,
     responses: RateLimitResponses,
+    enforcement: Arc<LastEnforcement>,
+}
+
+/// The enforcement of a route's last decision, so that a change is logged once rather than
+/// every non-shared decision (a flood under an outage). Shared by every service one layer
+/// builds; the metrics still count each decision.
+#[derive(Debug, Default)]
+struct LastEnforcement(AtomicU8);
+
+impl LastEnforcement {
+    /// Logs when `now` differs from the last decision's enforcement: a warning when the
+    /// route starts deciding without the shared store, a note when it is back. A plain read
+    /// while nothing changes; of racing callers that see a change, one logs it.
+    fn observe(&self, route: &str, now: Enforcement) {
+        let code = match now {
+            Enforcement::Shared => 0,
+            Enforcement::Degraded => 1,
+            _ => 2,
+        };
+        if self.0.load(Ordering::Relaxed) == code {
+            return;
+        }
+        let before = match self.0.swap(code, Ordering::Relaxed) {
+            previous if previous == code => return,
+            0 => "shared",
+            1 => "degraded",
+            _ => "bypassed",
+        };
+        if now == Enforcement::Shared {
+            tracing::info!(target: "tollgate_http", route, from = before, "decided by the shared store again");
+        } else {
+            tracing::warn!(
+                target: "tollgate_http",
+                route,
+                from = before,
+                enforcement = now.as_str(),
+                "decided without the shared store (logged again when the enforcement changes; metrics count every decision)"
+            );
+        }
+    }
 }
 
 /// The future of [`RateLimit`]: boxed, as it awaits the limiter and then the inner service.
@@ -182,6 +228,13 @@ where
                     return Ok(responses.rejected(&rejection));
                 }
             };
+            if cost == 0 {
+                // The cost function broke its contract (at least 1): the server's
+                // misconfiguration, so not the client's 400.
+                tracing::error!(target: "tollgate_http", route, "the route's cost function returned 0 (costs are at least 1); answering 500");
+                count(route, 500, "none");
+                return Ok(crate::response::misconfigured());
+            }
             let decision = match shared.limiter.check([key], cost).await {
                 Ok(d) => d,
                 Err(error) => {
@@ -191,15 +244,7 @@ where
                     return Ok(response);
                 }
             };
-            if decision.enforcement != Enforcement::Shared {
-                tracing::info!(
-                    target: "tollgate_http",
-                    route,
-                    enforcement = decision.enforcement.as_str(),
-                    allowed = decision.allowed,
-                    "decided without the shared store"
-                );
-            }
+            shared.enforcement.observe(route, decision.enforcement);
             if !decision.allowed {
                 count(route, 429, decision.enforcement.as_str());
                 return Ok(responses.denied(&decision));

@@ -15,7 +15,7 @@
 //! | cost above capacity | 413 | — | yes | — |
 //! | other invalid input, refused key or cost | 400 / 401 | — | — | — |
 //! | limiter unavailable (`Closed`) | 503 | — | — | — |
-//! | store error (a bug) | 500 | — | — | — |
+//! | store error (a bug), or a cost of 0 from the route's cost function | 500 | — | — | — |
 //!
 //! ```
 //! use std::time::Duration;
@@ -95,7 +95,7 @@ impl RateLimitResponses {
     /// the policy in force when it is built ([`Limiter::policy`]), so the fields follow
     /// [`Limiter::set_policy`].
     pub fn for_limiter(limiter: &Limiter) -> Self {
-        let policy = *limiter.policy();
+        let policy = limiter.policy();
         Self::build(
             limiter.operation(),
             PolicySource::Limiter(limiter.clone()),
@@ -132,7 +132,7 @@ impl RateLimitResponses {
     pub fn policy(&self) -> Policy {
         match &self.source {
             PolicySource::Fixed(p) => *p,
-            PolicySource::Limiter(l) => *l.policy(),
+            PolicySource::Limiter(l) => l.policy(),
         }
     }
 
@@ -187,7 +187,10 @@ impl RateLimitResponses {
     /// The client is never told how the decision was made:
     ///
     /// - A degraded decision, made against a locally scaled-down quota, shows the policy's
-    ///   limit, not the local one.
+    ///   limit, not the local one, and its own `t`. When that `t` exceeds the policy's window
+    ///   (a share floored to one token refills slower than the whole quota), `w` is left out,
+    ///   so the fields never contradict each other; so it is for any decision whose `t`
+    ///   exceeds the window.
     /// - A bypassed decision (fail-open: nothing was counted) is shown as the shared store
     ///   would answer this request on an untouched bucket: `r` = the limit minus `cost`, and
     ///   `t` = the time `cost` takes to refill (token bucket), the end of the current
@@ -207,11 +210,19 @@ impl RateLimitResponses {
         // The shared store decides a bucket that a newer policy (another instance, mid
         // rollout) already wrote under that policy's parameters: show the quota that decided,
         // without a window this instance does not know, rather than one `r` may exceed.
+        // Likewise a decision whose reset lies beyond the policy's window (a degraded share
+        // floored to one token refills slower than the whole quota; a rollout's longer
+        // window): the window is left out rather than contradicted by `t`.
         let (limit, policy_field) =
             if decision.enforcement == Enforcement::Shared && decision.limit != policy.limit() {
                 (
                     decision.limit,
                     render_quota(&self.name, decision.limit, None),
+                )
+            } else if window_secs(&policy).is_some_and(|w| decision.reset_after_secs() > w) {
+                (
+                    policy.limit(),
+                    render_quota(&self.name, policy.limit(), None),
                 )
             } else {
                 (policy.limit(), self.policy_field_for(&policy))
@@ -275,6 +286,15 @@ impl RateLimitResponses {
     pub fn rejected<B: From<String>>(&self, rejection: &Rejection) -> Response<B> {
         text(rejection.status(), format!("{}\n", rejection.message()))
     }
+}
+
+/// 500 for a route the server set up wrong (a cost function returning 0): the request was
+/// fine, so it gets no 4xx. The layer logs what was wrong; the client is not told.
+pub(crate) fn misconfigured<B: From<String>>() -> Response<B> {
+    text(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "rate limiter error\n".to_owned(),
+    )
 }
 
 fn text<B: From<String>>(status: StatusCode, body: String) -> Response<B> {

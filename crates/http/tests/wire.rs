@@ -14,7 +14,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Request, Response, StatusCode};
 use axum::routing::get;
 use tollgate::{FailureMode, Limiter, LocalStore, ManualClock, Policy, Rate, Store, Transition};
-use tollgate_http::{ClientIpKey, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
+use tollgate_http::{ClientIpKey, FixedCost, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
 use tower::ServiceExt;
 
 /// 2023-11-14T22:13:20.3Z: 20.3 s into a 30 s window, 20.3 s into a 60 s one.
@@ -436,4 +436,76 @@ async fn an_instance_behind_a_rollout_shows_the_quota_that_decided() {
         Some(r#""api";q=10;w=60"#)
     );
     assert_eq!(remaining(&resp), 7);
+}
+
+/// A server-side cost of 0 (`FixedCost(0)`, or any `CostFn` breaking its "at least 1"
+/// contract) is the server's misconfiguration, not the client's request: 500, without quota
+/// fields, and nothing consumed.
+#[tokio::test]
+async fn a_zero_cost_from_the_server_is_a_server_error_not_the_clients() {
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new());
+    let policy = Policy::fixed_window(5, Duration::from_secs(60)).unwrap();
+    let layer = RateLimitLayer::new(
+        limiter("zero", policy, &store, FailureMode::Closed),
+        RouteKey,
+    )
+    .cost(FixedCost(0));
+    let app = Router::new().route("/zero", get(|| async { "ok" }).route_layer(layer));
+    let resp = send(&app, get_req("/zero")).await;
+    eprintln!("FixedCost(0) answered {}", resp.status());
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    for name in ["retry-after", "ratelimit", "ratelimit-policy"] {
+        assert!(resp.headers().get(name).is_none(), "{name}");
+    }
+}
+
+/// Degraded enforcement divides a policy by the expected instances; where the share floors
+/// below one token (2 tokens over 4 instances), the local bucket holds 1 token refilled at a
+/// quarter of the rate, so it takes longer to fill than the shared one. The fields still
+/// describe one consistent quota, allowed or denied: `t` never exceeds a `w` shown beside
+/// it (`w` is left out rather than contradicted, as for a rollout's quota), `t` and
+/// `Retry-After` stay the decision's own, and `q` stays the policy's.
+#[tokio::test]
+async fn degraded_headers_stay_consistent_when_the_share_floors_below_one() {
+    let down: Arc<dyn Store> = Arc::new(LocalStore::builder().max_keys(0).build());
+    for (policy, requests) in [
+        (Policy::token_bucket(2, Rate::per_second(1)).unwrap(), 3),
+        (
+            Policy::token_bucket(10, Rate::new(3, Duration::from_secs(1))).unwrap(),
+            4,
+        ),
+        (Policy::fixed_window(3, Duration::from_secs(30)).unwrap(), 3),
+        (Policy::sliding_log(3, Duration::from_secs(30)).unwrap(), 3),
+    ] {
+        // A fresh local store per policy (its clock is the real one; no time needs to pass).
+        let mode = FailureMode::degraded(4);
+        let layer = RateLimitLayer::new(limiter("floor", policy, &down, mode), RouteKey)
+            .legacy_headers(true);
+        let app = Router::new().route("/floor", get(|| async { "ok" }).route_layer(layer));
+        for i in 0..requests {
+            let resp = send(&app, get_req("/floor")).await;
+            let headers = resp.headers();
+            let window = params(headers, "ratelimit-policy")
+                .unwrap()
+                .contains(";w=")
+                .then(|| param(headers, "ratelimit-policy", "w"));
+            let reset = param(headers, "ratelimit", "t");
+            let limit = param(headers, "ratelimit-policy", "q");
+            let left = param(headers, "ratelimit", "r");
+            let retry = field(headers, "retry-after").map(|v| v.parse::<u64>().unwrap());
+            let what = format!(
+                "{policy} #{i}: {} q={limit} w={window:?} r={left} t={reset} retry-after={retry:?}",
+                resp.status()
+            );
+            eprintln!("{what}");
+            assert!(window.is_none_or(|w| reset <= w), "{what}");
+            assert!(limit == policy.limit() && left <= limit, "{what}");
+            let legacy_reset = reset.to_string();
+            assert_eq!(
+                field(headers, "x-ratelimit-reset"),
+                Some(legacy_reset.as_str())
+            );
+            assert!(retry.is_none_or(|r| r <= reset.max(1)), "{what}");
+        }
+    }
 }

@@ -219,6 +219,49 @@ impl RedisStoreBuilder {
             .map_err(|_| StoreError::Timeout(self.connect_timeout))?
     }
 
+    /// Like [`build`](Self::build), but Redis need not answer yet: checks the configuration
+    /// and returns a store that connects on its first call (and loads its scripts then, by the
+    /// NOSCRIPT reload). Until Redis answers, calls fail as unavailable, so each limiter applies
+    /// its failure mode: a service can start during a Redis outage and enforce the shared quota
+    /// once Redis is back.
+    ///
+    /// Fails as `build` does for a configuration that can never work (a bad prefix or URL, an
+    /// empty list of sentinels or nodes). A Cluster still connects here (its slot map is read
+    /// when connecting), within the connect timeout.
+    pub async fn build_lazy(self) -> Result<RedisStore, StoreError> {
+        check_prefix(&self.prefix)?;
+        let conn = match (&self.target, self.kind) {
+            (Target::Url(url), Kind::Multiplexed) => {
+                let client = redis::Client::open(url.as_str())
+                    .map_err(|e| StoreError::unavailable(format!("invalid Redis URL: {e}"), e))?;
+                ConnectionManager::new_lazy_with_config(client, self.manager_config())
+                    .map(Conn::Multiplexed)
+                    .map_err(|e| classify(&e))?
+            }
+            // The pool and Sentinel connect on first use already.
+            (Target::Url(_) | Target::Sentinel { .. }, _) => self.connect().await?,
+            (Target::Cluster(_), _) => tokio::time::timeout(self.connect_timeout, self.connect())
+                .await
+                .map_err(|_| StoreError::Timeout(self.connect_timeout))??,
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: self.prefix.into(),
+                timeout: self.timeout,
+            }),
+        })
+    }
+
+    /// The multiplexed connection's settings.
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None)
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+    }
+
     async fn connect(&self) -> Result<Conn, StoreError> {
         let invalid = |what: &str, e: redis::RedisError| {
             StoreError::unavailable(format!("invalid {what}: {e}"), e)
@@ -232,12 +275,7 @@ impl RedisStoreBuilder {
                 // call, and `build` is bounded by the connect timeout.
                 match self.kind {
                     Kind::Multiplexed => {
-                        let config = ConnectionManagerConfig::new()
-                            .set_connection_timeout(Some(self.connect_timeout))
-                            .set_response_timeout(None)
-                            .set_number_of_retries(2)
-                            .set_max_delay(Duration::from_millis(500));
-                        ConnectionManager::new_with_config(client, config)
+                        ConnectionManager::new_with_config(client, self.manager_config())
                             .await
                             .map(Conn::Multiplexed)
                             .map_err(|e| classify(&e))

@@ -90,3 +90,33 @@ async fn a_paused_server_times_out_then_serves_again() {
         until_ok(s, &k, &p).await;
     }
 }
+
+/// `build_lazy` needs no Redis: against a server that is down, `build` fails but `build_lazy`
+/// returns a store whose calls are unavailable (an outage, never a script error) until the
+/// server listens, and then decide, loading the scripts on the way (NOSCRIPT).
+#[tokio::test]
+async fn a_lazily_built_store_starts_while_redis_is_down_and_serves_once_it_is_up() {
+    let mut server = Server::start();
+    server.0.kill();
+    let builder = |multiplexed: bool| {
+        let b = RedisStore::builder(server.url()).timeout(Duration::from_millis(200));
+        if multiplexed { b.multiplexed() } else { b }
+    };
+    let p = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
+    let k = Key::global("lazy");
+    let mut stores = Vec::new();
+    for multiplexed in [false, true] {
+        let err = builder(multiplexed).build().await.unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+        let store = builder(multiplexed).build_lazy().await.unwrap();
+        let err = store.acquire(&k, &p, 1).await.unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+        stores.push(store);
+    }
+    server.0.restart();
+    let mut remaining = Vec::new();
+    for store in &stores {
+        remaining.push(until_ok(store, &k, &p).await.0);
+    }
+    assert_eq!(remaining, [9, 8], "one bucket, in the server that came up");
+}

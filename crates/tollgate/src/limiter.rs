@@ -1,7 +1,6 @@
 //! The `Limiter`: one protected operation's policy, store, deadline and failure mode.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -78,6 +77,20 @@ pub enum Error {
     /// handled by the failure mode.
     #[error("rate limiter store error: {0}")]
     Store(#[source] StoreError),
+    /// The store answered a batch with another number of results than it was given requests
+    /// (a bug in the [`Store`] implementation). Results cannot be matched to keys by position
+    /// then, so none is used; the decisions the store made may have consumed allowance.
+    #[error(
+        "rate limiter store for {operation:?} answered a batch of {requested} requests with {returned} results (a store bug)"
+    )]
+    BatchMismatch {
+        /// The operation.
+        operation: Arc<str>,
+        /// Requests sent.
+        requested: usize,
+        /// Results returned.
+        returned: usize,
+    },
     /// The limiter was built without a store or a failure mode.
     #[error("limiter {operation:?} needs {missing}")]
     Incomplete {
@@ -203,8 +216,10 @@ struct Inner {
 }
 
 /// The policy in force and its scaled-down local form (under [`FailureMode::Degraded`]).
+/// Freed once no call in flight holds it after a switch: a limiter that follows a new
+/// publication every minute for weeks keeps only the one in force.
 struct Active {
-    policy: &'static Policy,
+    policy: Policy,
     degraded: Option<Policy>,
 }
 
@@ -228,33 +243,15 @@ impl Active {
             }
             _ => None,
         };
-        Self {
-            policy: intern(policy),
-            degraded,
-        }
+        Self { policy, degraded }
     }
-}
-
-/// The one `'static` copy of each distinct policy a limiter has used, so [`Limiter::policy`]
-/// can lend it while another thread switches policies. Bounded by the distinct policies
-/// published in the process's life (a handful; each under 100 bytes).
-fn intern(policy: Policy) -> &'static Policy {
-    static INTERNED: Mutex<Option<HashSet<&'static Policy>>> = Mutex::new(None);
-    let mut set = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
-    let set = set.get_or_insert_with(HashSet::new);
-    if let Some(p) = set.get(&policy) {
-        return p;
-    }
-    let p: &'static Policy = Box::leak(Box::new(policy));
-    set.insert(p);
-    p
 }
 
 impl std::fmt::Debug for Limiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limiter")
             .field("operation", &self.inner.operation)
-            .field("policy", self.policy())
+            .field("policy", &self.policy())
             .field("failure_mode", &self.inner.failure_mode.as_str())
             .field("timeout", &self.inner.timeout)
             .finish_non_exhaustive()
@@ -283,7 +280,7 @@ impl Limiter {
 
     /// The policy in force now (it changes when the limiter follows a registry; see
     /// [`Limiter::set_policy`]).
-    pub fn policy(&self) -> &'static Policy {
+    pub fn policy(&self) -> Policy {
         self.inner.policy.load().policy
     }
 
@@ -340,10 +337,12 @@ impl Limiter {
 
     async fn decide(&self, key: &Key, cost: u64, started: Instant) -> Result<Decision, Error> {
         let inner = &*self.inner;
-        let policy = self.policy();
-        policy.check_cost(cost)?;
+        // Held to the end of the call, which decides under the policy it started with. A
+        // guard, not a reference count: no write to memory shared with other threads.
+        let active = inner.policy.load();
+        active.policy.check_cost(cost)?;
         if let Some(cache) = &inner.deny_cache
-            && let Some(decision) = cache.lookup(key, policy, cost, started)
+            && let Some(decision) = cache.lookup(key, &active.policy, cost, started)
         {
             return Ok(decision);
         }
@@ -354,7 +353,7 @@ impl Limiter {
         }
         let ticket = Ticket::new(self, permit);
         let epoch = inner.deny_cache.as_ref().map(DenyCache::epoch);
-        let call = inner.store.acquire(key, policy, cost);
+        let call = inner.store.acquire(key, &active.policy, cost);
         let result = match tokio::time::timeout(inner.timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(inner.timeout)),
@@ -365,7 +364,7 @@ impl Limiter {
                 if !decision.allowed
                     && let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch)
                 {
-                    cache.insert(key, policy, cost, &decision, (started, epoch));
+                    cache.insert(key, &active.policy, cost, &decision, (started, epoch));
                 }
                 Ok(decision)
             }
@@ -381,7 +380,9 @@ impl Limiter {
     /// as [`Limiter::check_key`] would have returned it: a request the store could not decide
     /// takes the failure mode on its own, and the decisions the store did make are kept (the
     /// allowance they consumed is spent). The outer error is for invalid input (a cost above
-    /// the limit, refused before anything is written) or a store error that is a bug.
+    /// the limit, refused before anything is written) or a store error that is a bug,
+    /// including a batch answered with the wrong number of results
+    /// ([`Error::BatchMismatch`]).
     pub async fn check_many(
         &self,
         keys: &[Key],
@@ -389,7 +390,7 @@ impl Limiter {
     ) -> Result<Vec<Result<Decision, Error>>, Error> {
         let inner = &*self.inner;
         let started = Instant::now();
-        let policy = self.policy();
+        let policy = &self.policy();
         if keys.is_empty() {
             // Nothing to decide, and no store answer: it must not settle the breaker.
             return policy
@@ -416,6 +417,18 @@ impl Limiter {
                 Err(_) => Err(StoreError::Timeout(inner.timeout)),
             };
             match batch {
+                Ok(results) if results.len() != keys.len() => {
+                    // Answered, so the store is there: not an outage for the breaker.
+                    ticket.settle(true);
+                    inner.meters.store_error(ErrorClass::Script);
+                    let error = Error::BatchMismatch {
+                        operation: inner.operation.clone(),
+                        requested: keys.len(),
+                        returned: results.len(),
+                    };
+                    tracing::error!(operation = %inner.operation, %error, "rate limiter store error (bug)");
+                    return Err(self.refuse_batch(keys.len(), error, started));
+                }
                 Ok(results) => {
                     // One answer is enough to show the store is there.
                     let answered = results
@@ -494,7 +507,8 @@ impl Limiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&key);
         }
-        let call = inner.store.reset(&key, self.policy());
+        let policy = self.policy();
+        let call = inner.store.reset(&key, &policy);
         let result = tokio::time::timeout(inner.timeout, call).await;
         if let Some(cache) = &inner.deny_cache {
             // Again once the store has forgotten the bucket: a request sent during the reset's
@@ -612,7 +626,7 @@ impl Limiter {
             FailureMode::Closed => Err(()),
             FailureMode::Degraded { local, .. } => {
                 let active = inner.policy.load();
-                let policy = active.degraded.as_ref().unwrap_or(active.policy);
+                let policy = active.degraded.as_ref().unwrap_or(&active.policy);
                 let local_decision = if cost > policy.limit() {
                     // More than this instance's share can ever hold. Charging less than the
                     // cost would let the fleet admit more than its quota, so it is denied
@@ -793,15 +807,17 @@ mod tests {
 
     /// Every decision builds the `check_key` future. It was 216 bytes before the breaker's
     /// ticket and the deny cache's epoch were held across the store call; 320 with them (the
-    /// same whether the work around the call is split into synchronous functions or not). The
-    /// bound catches growth past that; the size is the type's, whatever the store.
+    /// same whether the work around the call is split into synchronous functions or not); 328
+    /// since the policy in force is held by an `arc_swap` guard (16 bytes) instead of a
+    /// `&'static` to a policy leaked for the process's life (8). The bound catches growth past
+    /// that; the size is the type's, whatever the store.
     #[tokio::test]
     async fn a_decision_future_stays_small() {
         let limiter = local_limiter();
         let key = limiter.key(["k"]).unwrap();
         let call = limiter.check_key(&key, 1);
         let size = size_of_val(&call);
-        assert!(size <= 320, "{size} bytes");
+        assert!(size <= 328, "{size} bytes");
         assert!(call.await.unwrap().allowed);
     }
 

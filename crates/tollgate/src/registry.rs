@@ -66,16 +66,32 @@ struct Follow {
 }
 
 impl Follow {
+    /// Switches every limiter that `published` is newer for (each compared on its own: they
+    /// need not all run the same policy when the follower starts, or be switched by hand
+    /// later), and records it as the followed policy if it is newer. Whether any switched.
+    fn apply(&self, published: Policy) -> bool {
+        let mut switched = false;
+        for l in &self.limiters {
+            if newer(&published, &l.policy()) {
+                l.set_policy(published);
+                switched = true;
+            }
+        }
+        if newer(&published, &self.tx.borrow()) {
+            self.tx.send_replace(published);
+            switched = true;
+        }
+        switched
+    }
+
     async fn refresh(&self) {
         match self.registry.get(&self.name).await {
-            Ok(Some(p)) if newer(&p, &self.tx.borrow()) => {
-                for l in &self.limiters {
-                    l.set_policy(p);
+            Ok(Some(p)) => {
+                if self.apply(p) {
+                    tracing::info!(name = %self.name, policy = %p, "following a newly published policy");
                 }
-                tracing::info!(name = %self.name, policy = %p, "following a newly published policy");
-                self.tx.send_replace(p);
             }
-            Ok(_) => {}
+            Ok(None) => {}
             Err(error) => {
                 tracing::warn!(name = %self.name, %error, "policy registry poll failed; keeping the current policy");
             }
@@ -110,8 +126,9 @@ impl Follow {
 
 impl PolicyFollower {
     /// Starts following `name` in `registry` for `limiters`: subscribes, reads the entry once
-    /// (switching at once if it is newer than the first limiter's policy), then switches on
-    /// every notification and poll that finds a newer generation. An unreachable registry at
+    /// (switching at once every limiter it is newer for, each compared with its own policy),
+    /// then does the same on every notification and poll. [`PolicyFollower::current`] starts
+    /// as the publication or, if none is newer, the first limiter's policy. An unreachable registry at
     /// start is an error; later failures keep the current policy and are logged.
     pub async fn start(
         registry: RedisRegistry,
@@ -124,7 +141,7 @@ impl PolicyFollower {
         let published = registry.get(&name).await?;
         let initial = limiters
             .first()
-            .map(|l| *l.policy())
+            .map(Limiter::policy)
             .or(published)
             .ok_or_else(|| {
                 RegistryError::BadName(format!("{name} (nothing published, no limiter)"))
@@ -137,13 +154,8 @@ impl PolicyFollower {
             limiters: limiters.to_vec(),
             tx,
         };
-        if let Some(p) = published
-            && newer(&p, &initial)
-        {
-            for l in &follow.limiters {
-                l.set_policy(p);
-            }
-            follow.tx.send_replace(p);
+        if let Some(p) = published {
+            follow.apply(p);
         }
         Ok(Self {
             task: tokio::spawn(follow.run(Some(sub), poll_interval.max(Duration::from_millis(1)))),

@@ -130,7 +130,7 @@ async fn several_instances_converge_on_a_publication_by_notification_and_by_poll
     let polled = converge(&mut followers[3..], 2, bound).await;
     eprintln!("the polling instance switched in {polled:?} (bound {bound:?})");
     for l in &limiters {
-        assert_eq!(*l.policy(), g2);
+        assert_eq!(l.policy(), g2);
     }
     // Carry: the 4 used under generation 1 count against the new limit of 5.
     let d = limiters[1].check_key(&key, 1).await.unwrap();
@@ -175,5 +175,45 @@ async fn a_follower_keeps_following_after_redis_restarts() {
     let within = follower.bound() * 3;
     let took = converge(std::slice::from_mut(&mut follower), 2, within).await;
     eprintln!("after a restart, switched to generation 2 in {took:?} (bound {within:?})");
-    assert_eq!(*limiter.policy(), g2);
+    assert_eq!(limiter.policy(), g2);
+}
+
+/// One follower for several limiters that do not all run the same policy yet (one already
+/// at the published generation, one behind): every limiter is compared with the publication
+/// on its own, so none is left behind because another already has it.
+#[tokio::test]
+async fn a_follower_brings_every_limiter_to_the_publication_not_just_the_first() {
+    let server = RedisServer::start();
+    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
+    let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
+    registry(&server).await.publish("api", &g2).await.unwrap();
+    let ahead = instance(&server, g2).await;
+    let behind = instance(&server, g1).await;
+    let mut follower = PolicyFollower::start(
+        registry(&server).await,
+        "api",
+        &[ahead.clone(), behind.clone()],
+        Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    assert_eq!(follower.current(), g2);
+    assert_eq!(ahead.policy(), g2);
+    assert_eq!(
+        behind.policy(),
+        g2,
+        "the second limiter missed the publication"
+    );
+
+    // Later publications reach both too, whichever one was switched by hand in between.
+    behind.set_policy(g1);
+    let g3 = spec("fixed-window:limit=8,window=1h,generation=3,transition=carry");
+    registry(&server).await.publish("api", &g3).await.unwrap();
+    converge(
+        std::slice::from_mut(&mut follower),
+        3,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!((ahead.policy(), behind.policy()), (g3, g3));
 }

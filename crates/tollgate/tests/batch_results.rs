@@ -1,0 +1,95 @@
+//! `Limiter::check_many` pairs the store's results with the requested keys by position. A
+//! store that answers a batch with another number of results (a bug in a custom `Store`) must
+//! be a clear error, never a shorter or longer list whose decisions may belong to other keys.
+//! The store here is a real `LocalStore` behind a deliberately wrong `acquire_many`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tollgate::{
+    Acquire, Batch, Decision, Error, FailureMode, Key, Limiter, LocalStore, Policy, Store,
+    StoreError,
+};
+
+/// Answers a batch with `extra` more results than asked for (or fewer, when negative).
+struct MiscountingStore {
+    inner: LocalStore,
+    extra: isize,
+}
+
+#[async_trait]
+impl Store for MiscountingStore {
+    async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.acquire(key, policy, cost).await
+    }
+
+    async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
+        let mut out = self.inner.acquire_many(requests).await?;
+        match usize::try_from(self.extra) {
+            Ok(more) => {
+                for _ in 0..more {
+                    out.push(out[0].as_ref().map(Clone::clone).map_err(|_| {
+                        StoreError::Script("unreachable: the first request failed".into())
+                    }));
+                }
+            }
+            Err(_) => out.truncate(requests.len().saturating_sub(self.extra.unsigned_abs())),
+        }
+        Ok(out)
+    }
+
+    async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.peek(key, policy, cost).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+}
+
+fn limiter(extra: isize, mode: FailureMode) -> Limiter {
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    Limiter::builder("batch", policy)
+        .store(Arc::new(MiscountingStore {
+            inner: LocalStore::new(),
+            extra,
+        }))
+        .failure_mode(mode)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_answered_with_the_wrong_number_of_results_is_an_error() {
+    for extra in [-1, -3, 1] {
+        // Whatever the failure mode: a miscount is a store bug, not an outage.
+        for mode in [
+            FailureMode::Open,
+            FailureMode::Closed,
+            FailureMode::degraded(2),
+        ] {
+            let what = format!("{extra:+} results, {}", mode.as_str());
+            let limiter = limiter(extra, mode);
+            let keys: Vec<Key> = ["a", "b", "c"]
+                .iter()
+                .map(|k| limiter.key([k]).unwrap())
+                .collect();
+            let out = limiter.check_many(&keys, 1).await;
+            eprintln!("{what}: {out:?}");
+            assert!(
+                matches!(
+                    out,
+                    Err(Error::BatchMismatch {
+                        requested: 3,
+                        returned,
+                        ..
+                    }) if returned == 3usize.checked_add_signed(extra).unwrap()
+                ),
+                "{what}: {out:?}"
+            );
+            // A correct single call still works: the limiter itself is fine.
+            assert!(limiter.check(["a"], 1).await.unwrap().allowed, "{what}");
+        }
+    }
+}
