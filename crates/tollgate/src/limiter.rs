@@ -337,8 +337,11 @@ impl Limiter {
 
     async fn decide(&self, key: &Key, cost: u64, started: Instant) -> Result<Decision, Error> {
         let inner = &*self.inner;
-        // Held to the end of the call, which decides under the policy it started with. A
-        // guard, not a reference count: no write to memory shared with other threads.
+        // Held to the end of the call, which decides under the policy it started with. An
+        // `arc_swap` guard: one of the thread's few debt slots, or, once calls in flight on
+        // this thread hold them all (many tasks awaiting Redis), a reference count. Measured
+        // level with the leaked `&'static` it replaced: `benches/scripts/ab.sh`, 64 tasks on
+        // Redis, and `tollgate load` on the local store, 1 and 2 threads (BENCHMARKS.md).
         let active = inner.policy.load();
         active.policy.check_cost(cost)?;
         if let Some(cache) = &inner.deny_cache
