@@ -122,7 +122,7 @@ async fn a_hung_primary_fails_only_its_own_requests_at_the_deadline() {
         }
     }
     assert!(
-        took >= Duration::from_millis(250) && took <= SHORT + Duration::from_millis(200),
+        took >= Duration::from_millis(250) && took <= SHORT + Duration::from_secs(1),
         "took {took:?}"
     );
     eprintln!(
