@@ -189,21 +189,8 @@ async fn serve_answers_503_under_closed_when_redis_is_killed() {
     );
 }
 
-const OUTAGE_CONFIG: &str = r#"
-[[route]]
-name = "quota"
-path = "/quota"
-key = "route"
-policy = "token-bucket:capacity=10,rate=1"
-failure_mode = "closed"
-
-[[route]]
-name = "lenient"
-path = "/lenient"
-key = "route"
-policy = "fixed-window:limit=100,window=1m"
-failure_mode = "open"
-
+/// [`SHARED_CONFIG`]'s routes and one that degrades to the local store.
+const FALLBACK_ROUTE: &str = r#"
 [[route]]
 name = "fallback"
 path = "/fallback"
@@ -240,7 +227,7 @@ async fn serve_starts_while_redis_is_down_and_shares_the_quota_once_it_is_up() {
     let url = redis.url();
     redis.kill();
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), OUTAGE_CONFIG);
+    let config = write_config(dir.path(), &format!("{SHARED_CONFIG}{FALLBACK_ROUTE}"));
     let common = ["--config", &config, "--redis", &url, "--timeout", "200ms"];
     let a = Serve::start(&common);
     let b = Serve::start(&[&common[..], &["--multiplexed"]].concat());
