@@ -26,6 +26,7 @@ mod breaker;
 mod deny_cache;
 pub mod guide;
 mod limiter;
+mod log_throttle;
 mod meters;
 pub mod registry;
 

@@ -13,10 +13,16 @@ use tollgate_local::LocalStore;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit, Transition};
 use crate::deny_cache::DenyCache;
+use crate::log_throttle::LogThrottle;
 use crate::meters::Meters;
 
 /// Default deadline for one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The warning that a store at its key cap refused a new key is written at most once per this
+/// interval (each line counts the refusals held back since the previous one): a flood of new
+/// keys must not flood the log. The metrics count every refusal.
+const CAPACITY_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What an operation does when its store cannot answer (unavailable or busy). Chosen
 /// explicitly for every [`Limiter`]; there is no default.
@@ -192,6 +198,7 @@ impl LimiterBuilder {
                 breaker: Breaker::new(self.breaker),
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 meters,
+                capacity_log: LogThrottle::new(CAPACITY_WARNING_INTERVAL),
             }),
         })
     }
@@ -213,6 +220,8 @@ struct Inner {
     breaker: Breaker,
     deny_cache: Option<DenyCache>,
     meters: Meters,
+    /// Thins the key-cap warning; the breaker bounds the outage warnings.
+    capacity_log: LogThrottle,
 }
 
 /// The policy in force and its scaled-down local form (under [`FailureMode::Degraded`]).
@@ -555,10 +564,15 @@ impl Limiter {
     fn warn_outage(&self, class: ErrorClass, error: &dyn std::fmt::Display, requests: usize) {
         let inner = &*self.inner;
         if class == ErrorClass::Capacity {
+            // The breaker does not count these, so nothing else bounds them.
+            let Some(suppressed) = inner.capacity_log.hit(Instant::now(), requests as u64) else {
+                return;
+            };
             tracing::warn!(
                 operation = %inner.operation,
                 mode = inner.failure_mode.as_str(),
                 requests,
+                suppressed,
                 error = %error,
                 "rate limiter store cannot hold a new key; applying failure mode to it alone"
             );
