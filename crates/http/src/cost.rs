@@ -3,7 +3,12 @@
 //! items in a batch, the pages of an export).
 //!
 //! A cost above the route's capacity is not refused here: the limiter refuses it as invalid
-//! input and the layer answers 413, never 429, since waiting would not help.
+//! input, never a 429, since waiting would not help. The layer answers 413 when the request
+//! decided its cost, and 500 (logged at error) for a [fixed](CostFn::is_fixed) cost: that is
+//! the server's own configuration, not the client's error. A fixed cost cannot be checked
+//! once when the layer is built, as the limiter's policy may change under it later
+//! ([`Limiter::set_policy`](tollgate::Limiter::set_policy), a policy registry); the policy
+//! file checks its routes' fixed costs when it is loaded.
 //!
 //! ```
 //! use axum::http::Request;
@@ -26,6 +31,14 @@ pub trait CostFn: Clone + Send + Sync + 'static {
     /// The cost of `request`, or why it is refused. A cost of 0 breaks the contract: the
     /// layer answers it 500 (the server's misconfiguration, e.g. `FixedCost(0)`), not 400.
     fn cost<B>(&self, request: &Request<B>) -> Result<u64, Rejection>;
+
+    /// Whether the cost is the server's own configuration, the same for every request
+    /// ([`FixedCost`], [`CostSource::Fixed`]). A fixed cost above the policy's capacity is then
+    /// the server's misconfiguration: the layer answers 500 and logs it at error, rather than
+    /// the 413 a request whose content decided its cost gets. `false` unless overridden.
+    fn is_fixed(&self) -> bool {
+        false
+    }
 }
 
 /// Every request costs the same (1 by default; 0 is a misconfiguration, answered 500).
@@ -41,6 +54,10 @@ impl Default for FixedCost {
 impl CostFn for FixedCost {
     fn cost<B>(&self, _: &Request<B>) -> Result<u64, Rejection> {
         Ok(self.0)
+    }
+
+    fn is_fixed(&self) -> bool {
+        true
     }
 }
 
@@ -147,6 +164,13 @@ impl CostFn for CostSource {
         match self {
             Self::Fixed(c) => c.cost(request),
             Self::Header(c) => c.cost(request),
+        }
+    }
+
+    fn is_fixed(&self) -> bool {
+        match self {
+            Self::Fixed(c) => c.is_fixed(),
+            Self::Header(c) => c.is_fixed(),
         }
     }
 }

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use axum::http::{Request, Response};
-use tollgate::{Enforcement, Limiter};
+use tollgate::{Enforcement, Error, Limiter, PolicyError, StoreError};
 use tower::{Layer, Service};
 
 use crate::cost::{CostFn, FixedCost};
@@ -238,6 +238,16 @@ where
             let decision = match shared.limiter.check([key], cost).await {
                 Ok(d) => d,
                 Err(error) => {
+                    if shared.cost.is_fixed()
+                        && let Some(e) = cost_above_capacity(&error)
+                    {
+                        // The route's own fixed cost can never pass its policy (as built, or
+                        // since a policy change): the server's misconfiguration, not the
+                        // client's 413.
+                        tracing::error!(target: "tollgate_http", route, error = %e, "the route's fixed cost exceeds its policy's capacity, so no request can pass; answering 500");
+                        count(route, 500, "none");
+                        return Ok(crate::response::misconfigured());
+                    }
                     let response = responses.error(&error);
                     tracing::debug!(target: "tollgate_http", route, status = response.status().as_u16(), %error, "rate limiter could not decide");
                     count(route, response.status().as_u16(), "none");
@@ -259,6 +269,16 @@ where
             );
             Ok(response)
         })
+    }
+}
+
+/// The policy's refusal of a cost above its capacity, if that is what `error` is.
+fn cost_above_capacity(error: &Error) -> Option<&PolicyError> {
+    match error {
+        Error::Invalid(StoreError::InvalidPolicy(e @ PolicyError::CostAboveCapacity { .. })) => {
+            Some(e)
+        }
+        _ => None,
     }
 }
 

@@ -12,10 +12,10 @@
 //! |---|---|---|---|---|
 //! | allowed | the handler's | — | yes | yes |
 //! | denied | 429 | whole seconds, rounded up | yes | yes (`r` as decided) |
-//! | cost above capacity | 413 | — | yes | — |
+//! | cost above capacity, decided by the request | 413 | — | yes | — |
 //! | other invalid input, refused key or cost | 400 / 401 | — | — | — |
 //! | limiter unavailable (`Closed`) | 503 | — | — | — |
-//! | store error (a bug), or a cost of 0 from the route's cost function | 500 | — | — | — |
+//! | store error (a bug), a cost of 0 from the route's cost function, or a fixed cost above capacity | 500 | — | — | — |
 //!
 //! ```
 //! use std::time::Duration;

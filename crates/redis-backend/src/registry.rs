@@ -19,12 +19,16 @@ use tollgate_core::{Key, Policy, SpecError, StoreError};
 use crate::error::classify;
 
 /// Why a registry call failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
     /// The name is not 1-64 characters of `[a-z0-9_.-]`.
+    #[error("policy name {0:?} must be 1-64 characters of [a-z0-9_.-]")]
     BadName(String),
     /// A higher generation is already published under this name.
+    #[error(
+        "policy {name:?} is already at generation {stored}; generation {offered} would go back"
+    )]
     Stale {
         /// The name.
         name: String,
@@ -35,6 +39,9 @@ pub enum RegistryError {
     },
     /// This generation is already published under this name with another policy: a
     /// generation names one policy, so a change needs a new generation.
+    #[error(
+        "policy {name:?} generation {generation} is already published with other parameters; publish a new generation"
+    )]
     Conflict {
         /// The name.
         name: String,
@@ -42,60 +49,17 @@ pub enum RegistryError {
         generation: u64,
     },
     /// A stored entry does not parse (written by something else, or a newer version).
+    #[error("the registry entry of policy {name:?} does not parse: {error}")]
     Corrupt {
         /// The name.
         name: String,
         /// Why.
+        #[source]
         error: SpecError,
     },
     /// Redis could not be reached or refused the call.
-    Store(StoreError),
-}
-
-impl fmt::Display for RegistryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::BadName(n) => write!(
-                f,
-                "policy name {n:?} must be 1-64 characters of [a-z0-9_.-]"
-            ),
-            Self::Stale {
-                name,
-                stored,
-                offered,
-            } => write!(
-                f,
-                "policy {name:?} is already at generation {stored}; generation {offered} would go back"
-            ),
-            Self::Conflict { name, generation } => write!(
-                f,
-                "policy {name:?} generation {generation} is already published with other parameters; publish a new generation"
-            ),
-            Self::Corrupt { name, error } => {
-                write!(
-                    f,
-                    "the registry entry of policy {name:?} does not parse: {error}"
-                )
-            }
-            Self::Store(e) => write!(f, "policy registry: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for RegistryError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Corrupt { error, .. } => Some(error),
-            Self::Store(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<StoreError> for RegistryError {
-    fn from(e: StoreError) -> Self {
-        Self::Store(e)
-    }
+    #[error("policy registry: {0}")]
+    Store(#[from] StoreError),
 }
 
 /// What [`RedisRegistry::publish`] did.
@@ -275,5 +239,63 @@ impl Subscription {
     /// The next published name; `None` once the subscription's connection is gone.
     pub async fn next(&mut self) -> Option<String> {
         self.stream.next().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn registry_error_messages_name_the_values() {
+        let cases = [
+            (
+                RegistryError::BadName("Bad Name".into()),
+                "policy name \"Bad Name\" must be 1-64 characters of [a-z0-9_.-]",
+            ),
+            (
+                RegistryError::Stale {
+                    name: "api".into(),
+                    stored: 5,
+                    offered: 3,
+                },
+                "policy \"api\" is already at generation 5; generation 3 would go back",
+            ),
+            (
+                RegistryError::Conflict {
+                    name: "api".into(),
+                    generation: 2,
+                },
+                "policy \"api\" generation 2 is already published with other parameters; \
+                 publish a new generation",
+            ),
+            (
+                RegistryError::Store(StoreError::Busy("BUSY script".into())),
+                "policy registry: store busy: BUSY script",
+            ),
+        ];
+        for (error, message) in cases {
+            assert_eq!(error.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn registry_error_sources_are_the_underlying_errors() {
+        let spec = "no-such-algorithm:x=1".parse::<Policy>().unwrap_err();
+        let corrupt = parse_entry("api", "1 no-such-algorithm:x=1").unwrap_err();
+        assert_eq!(
+            corrupt.to_string(),
+            format!("the registry entry of policy \"api\" does not parse: {spec}")
+        );
+        assert_eq!(corrupt.source().unwrap().to_string(), spec.to_string());
+
+        let store: RegistryError = StoreError::Timeout(Duration::from_millis(50)).into();
+        assert_eq!(
+            store.source().unwrap().to_string(),
+            "store call timed out after 50ms"
+        );
+        assert!(RegistryError::BadName(String::new()).source().is_none());
     }
 }

@@ -195,19 +195,14 @@ impl std::fmt::Debug for RedisServer {
 }
 
 /// Why one spawn did not produce a ready server.
+#[derive(Debug, thiserror::Error)]
 enum Startup {
     /// The port was in use (bind failed); retrying may help.
+    #[error("{0}")]
     PortTaken(String),
     /// Anything else: exited, or did not answer in time.
+    #[error("{0}")]
     Failed(String),
-}
-
-impl std::fmt::Display for Startup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::PortTaken(detail) | Self::Failed(detail) => f.write_str(detail),
-        }
-    }
 }
 
 impl RedisServer {

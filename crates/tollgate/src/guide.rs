@@ -32,5 +32,8 @@
 //!   [`Enforcement::Degraded`](crate::Enforcement::Degraded). Approximate: each instance
 //!   enforces its own share (the quota divided by the expected instance count, if given), so
 //!   the fleet as a whole admits roughly the quota only if traffic is spread evenly.
+//!   [`FailureMode::degraded_with`](crate::FailureMode::degraded_with) takes a local store on
+//!   a clock of your choosing (a [`ManualClock`](crate::ManualClock) in tests, to move the
+//!   degraded buckets' time by hand).
 //!
 //! A script error (a bug) is never a mode switch: it is reported as [`crate::Error::Store`].

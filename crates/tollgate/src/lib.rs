@@ -24,13 +24,16 @@
 
 mod breaker;
 mod deny_cache;
+mod fallback;
 pub mod guide;
 mod limiter;
+mod log_throttle;
 mod meters;
 pub mod registry;
 
 pub use breaker::{BreakerConfig, BreakerState};
 
+pub use fallback::LocalFallback;
 pub use limiter::{Error, FailureMode, Limiter, LimiterBuilder};
 pub use tollgate_core::{
     Acquire, Algorithm, Batch, Clock, Decision, Enforcement, ErrorClass, Key, KeyError,

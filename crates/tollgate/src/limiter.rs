@@ -13,10 +13,17 @@ use tollgate_local::LocalStore;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit, Transition};
 use crate::deny_cache::DenyCache;
+use crate::fallback::{DecideNow, LocalFallback};
+use crate::log_throttle::LogThrottle;
 use crate::meters::Meters;
 
 /// Default deadline for one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The warning that a store at its key cap refused a new key is written at most once per this
+/// interval (each line counts the refusals held back since the previous one): a flood of new
+/// keys must not flood the log. The metrics count every refusal.
+const CAPACITY_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What an operation does when its store cannot answer (unavailable or busy). Chosen
 /// explicitly for every [`Limiter`]; there is no default.
@@ -35,6 +42,15 @@ pub enum FailureMode {
         /// divided by it (at least 1). Approximate by nature.
         expected_instances: u32,
     },
+    /// [`FailureMode::Degraded`] on a local store whose [`Clock`](tollgate_core::Clock) the
+    /// caller chose (see [`FailureMode::degraded_with`]): the same mode, labelled, logged and
+    /// counted as `degraded`. `Degraded` itself holds a store on the real monotonic clock.
+    DegradedOn {
+        /// The local store used while the shared one is unavailable.
+        local: LocalFallback,
+        /// Expected number of instances sharing the quota, as for [`FailureMode::Degraded`].
+        expected_instances: u32,
+    },
 }
 
 impl FailureMode {
@@ -46,12 +62,50 @@ impl FailureMode {
         }
     }
 
+    /// Degrade to `local`, a local store on a clock of the caller's choosing, dividing the
+    /// quota by `expected_instances`. With a [`ManualClock`](tollgate_core::ManualClock), a
+    /// test moves degraded enforcement's time by hand:
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tollgate::{FailureMode, LocalStore, ManualClock};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let local = Arc::new(LocalStore::with_clock(clock.clone()));
+    /// let mode = FailureMode::degraded_with(local, 2);
+    /// assert_eq!(mode.as_str(), "degraded");
+    /// clock.advance(Duration::from_secs(1)); // degraded decisions see the second pass
+    /// ```
+    pub fn degraded_with<C: tollgate_core::Clock>(
+        local: Arc<LocalStore<C>>,
+        expected_instances: u32,
+    ) -> Self {
+        Self::DegradedOn {
+            local: LocalFallback::new(local),
+            expected_instances,
+        }
+    }
+
     /// A stable lower-case name for logs and metrics labels.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Open => "open",
             Self::Closed => "closed",
-            Self::Degraded { .. } => "degraded",
+            Self::Degraded { .. } | Self::DegradedOn { .. } => "degraded",
+        }
+    }
+
+    /// The expected instance count of a degraded mode.
+    fn expected_instances(&self) -> Option<u32> {
+        match self {
+            Self::Degraded {
+                expected_instances, ..
+            }
+            | Self::DegradedOn {
+                expected_instances, ..
+            } => Some(*expected_instances),
+            Self::Open | Self::Closed => None,
         }
     }
 }
@@ -192,6 +246,7 @@ impl LimiterBuilder {
                 breaker: Breaker::new(self.breaker),
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 meters,
+                capacity_log: LogThrottle::new(CAPACITY_WARNING_INTERVAL),
             }),
         })
     }
@@ -213,6 +268,8 @@ struct Inner {
     breaker: Breaker,
     deny_cache: Option<DenyCache>,
     meters: Meters,
+    /// Thins the key-cap warning; the breaker bounds the outage warnings.
+    capacity_log: LogThrottle,
 }
 
 /// The policy in force and its scaled-down local form (under [`FailureMode::Degraded`]).
@@ -225,11 +282,9 @@ struct Active {
 
 impl Active {
     fn new(policy: Policy, failure_mode: &FailureMode) -> Self {
-        let degraded = match failure_mode {
-            FailureMode::Degraded {
-                expected_instances, ..
-            } => {
-                let n = u64::from((*expected_instances).max(1));
+        let degraded = match failure_mode.expected_instances() {
+            Some(expected_instances) => {
+                let n = u64::from(expected_instances.max(1));
                 let scaled = scale_down(&policy, n);
                 if scaled.is_none() {
                     tracing::warn!(
@@ -241,7 +296,7 @@ impl Active {
                 }
                 scaled
             }
-            _ => None,
+            None => None,
         };
         Self { policy, degraded }
     }
@@ -555,10 +610,15 @@ impl Limiter {
     fn warn_outage(&self, class: ErrorClass, error: &dyn std::fmt::Display, requests: usize) {
         let inner = &*self.inner;
         if class == ErrorClass::Capacity {
+            // The breaker does not count these, so nothing else bounds them.
+            let Some(suppressed) = inner.capacity_log.hit(Instant::now(), requests as u64) else {
+                return;
+            };
             tracing::warn!(
                 operation = %inner.operation,
                 mode = inner.failure_mode.as_str(),
                 requests,
+                suppressed,
                 error = %error,
                 "rate limiter store cannot hold a new key; applying failure mode to it alone"
             );
@@ -627,30 +687,44 @@ impl Limiter {
                 enforcement: Enforcement::Bypassed,
             }),
             FailureMode::Closed => Err(()),
-            FailureMode::Degraded { local, .. } => {
-                let active = inner.policy.load();
-                let policy = active.degraded.as_ref().unwrap_or(&active.policy);
-                let local_decision = if cost > policy.limit() {
-                    // More than this instance's share can ever hold. Charging less than the
-                    // cost would let the fleet admit more than its quota, so it is denied
-                    // until shared enforcement can decide it.
-                    local
-                        .peek_now(key, policy, policy.limit())
-                        .map(|d| Decision {
-                            allowed: false,
-                            retry_after: Some(inner.breaker.probe_interval().max(MIN_RETRY)),
-                            ..d
-                        })
-                } else {
-                    local.acquire_now(key, policy, cost)
-                };
-                match local_decision {
-                    Ok(d) => Ok(d.with_enforcement(Enforcement::Degraded)),
-                    Err(local_error) => {
-                        tracing::error!(operation = %inner.operation, shared = %error, local = %local_error, "degraded local limiter failed too");
-                        Err(())
-                    }
-                }
+            FailureMode::Degraded { local, .. } => self.decide_locally(&**local, key, cost, error),
+            FailureMode::DegradedOn { local, .. } => {
+                self.decide_locally(local.decider(), key, cost, error)
+            }
+        }
+    }
+
+    /// A degraded failure mode's answer, from `local` under this instance's share of the
+    /// quota; `Err(())` when the local store fails too.
+    fn decide_locally<L: DecideNow + ?Sized>(
+        &self,
+        local: &L,
+        key: &Key,
+        cost: u64,
+        error: &StoreError,
+    ) -> Result<Decision, ()> {
+        let inner = &*self.inner;
+        let active = inner.policy.load();
+        let policy = active.degraded.as_ref().unwrap_or(&active.policy);
+        let local_decision = if cost > policy.limit() {
+            // More than this instance's share can ever hold. Charging less than the
+            // cost would let the fleet admit more than its quota, so it is denied
+            // until shared enforcement can decide it.
+            local
+                .peek_now(key, policy, policy.limit())
+                .map(|d| Decision {
+                    allowed: false,
+                    retry_after: Some(inner.breaker.probe_interval().max(MIN_RETRY)),
+                    ..d
+                })
+        } else {
+            local.acquire_now(key, policy, cost)
+        };
+        match local_decision {
+            Ok(d) => Ok(d.with_enforcement(Enforcement::Degraded)),
+            Err(local_error) => {
+                tracing::error!(operation = %inner.operation, shared = %error, local = %local_error, "degraded local limiter failed too");
+                Err(())
             }
         }
     }

@@ -3,11 +3,15 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::limiter_with_breaker;
 use tollgate::redis::RedisStore;
-use tollgate::{BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, Policy, Rate};
+use tollgate::{
+    BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, LocalStore, ManualClock,
+    Policy, Rate,
+};
 use tollgate_testkit::server::RedisServer;
 
 const DEADLINE: Duration = Duration::from_millis(150);
@@ -367,4 +371,55 @@ fn metric(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> Option<f6
             DebugValue::Histogram(h) => h.len() as f64,
         })
     })
+}
+
+/// Degraded enforcement on a local store with a manual clock (`FailureMode::degraded_with`):
+/// its time moves only when the test moves it, and a spent token comes back after exactly one
+/// token's time under the local share, not a microsecond before.
+#[tokio::test]
+async fn degraded_enforcement_refills_exactly_when_its_clock_is_moved() {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let local = Arc::new(LocalStore::with_clock(clock.clone()));
+    // 4 tokens at 2 per second over 2 instances: the local share is 2 tokens at 1 per second.
+    let policy = Policy::token_bucket(4, Rate::per_second(2)).unwrap();
+    let store = RedisStore::builder(server.url())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .expect("store");
+    let mode = FailureMode::degraded_with(local.clone(), 2);
+    assert_eq!(mode.as_str(), "degraded");
+    let limiter = limiter_with_breaker("manual", policy, store, mode, DEADLINE);
+    server.kill();
+
+    let decide = async || timed(&limiter, "m").await.expect("a degraded decision");
+    for remaining in [1, 0] {
+        let d = decide().await;
+        assert!(d.allowed, "{d:?}");
+        assert_eq!(
+            (d.enforcement, d.remaining),
+            (Enforcement::Degraded, remaining)
+        );
+    }
+    let d = decide().await;
+    assert!(
+        !d.allowed && d.enforcement == Enforcement::Degraded,
+        "{d:?}"
+    );
+    assert_eq!(
+        d.retry_after,
+        Some(Duration::from_secs(1)),
+        "one token's time"
+    );
+
+    clock.advance(Duration::from_secs(1) - Duration::from_micros(1));
+    let d = decide().await;
+    assert!(!d.allowed, "a microsecond short of one token: {d:?}");
+    clock.advance_micros(1);
+    let d = decide().await;
+    assert!(d.allowed && d.enforcement == Enforcement::Degraded, "{d:?}");
+    assert_eq!(d.remaining, 0, "exactly one token came back");
+    assert!(!decide().await.allowed);
+    assert_eq!(local.len(), 1, "decided on the caller's store");
 }

@@ -1,0 +1,118 @@
+//! A local store used as the primary store, at its key cap, meeting a flood of new keys: the
+//! breaker does not count the refusals, so the limiter bounds their warning itself. Alone in
+//! its test binary: a thread-scoped subscriber misses events whose callsite another test's
+//! thread registers first (tracing's callsite interest is process-wide).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tollgate::{Enforcement, FailureMode, Limiter, LocalStore, Policy};
+
+const CAP: usize = 4;
+
+fn limiter(mode: FailureMode) -> Limiter {
+    let store = LocalStore::builder().max_keys(CAP).build();
+    Limiter::builder(
+        "capped",
+        Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
+    )
+    .store(Arc::new(store))
+    .failure_mode(mode)
+    .build()
+    .unwrap()
+}
+
+/// Log output, shared with the subscriber's writer.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The breaker does not count key-cap refusals, so nothing else bounds their warning: a flood
+/// of new keys gets one line per interval (10 s), not one per request, while the metrics count
+/// every refusal.
+#[test]
+fn a_new_key_flood_at_the_cap_is_logged_boundedly_and_counted_fully() {
+    const FLOOD: usize = 1000;
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _logs = tracing::subscriber::set_default(subscriber);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let started = Instant::now();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let limiter = limiter(FailureMode::Open);
+            for i in 0..CAP {
+                limiter.check([format!("held{i}")], 1).await.unwrap();
+            }
+            for i in 0..FLOOD {
+                let d = limiter.check([format!("new{i}")], 1).await.unwrap();
+                assert_eq!(d.enforcement, Enforcement::Bypassed);
+            }
+        });
+    });
+    let elapsed = started.elapsed();
+
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let logged: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("cannot hold a new key"))
+        .collect();
+    eprintln!(
+        "{} warning line(s) for {FLOOD} refusals in {elapsed:?}",
+        logged.len()
+    );
+    for l in &logged {
+        eprintln!("  {l}");
+    }
+    // One line, plus at most one per 10 s interval the run took.
+    let bound = 1 + elapsed.as_secs().div_ceil(10) as usize;
+    assert!(
+        !logged.is_empty() && logged.len() <= bound,
+        "{} lines, bound {bound}",
+        logged.len()
+    );
+    assert!(logged[0].contains("suppressed=0"), "{}", logged[0]);
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |name: &str, label: (&str, &str)| {
+        snapshot.iter().find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let matches = key.name() == name && key.labels().any(|l| (l.key(), l.value()) == label);
+            match (matches, value) {
+                (true, DebugValue::Counter(n)) => Some(*n),
+                _ => None,
+            }
+        })
+    };
+    assert_eq!(
+        counter("tollgate_store_errors_total", ("class", "capacity")),
+        Some(FLOOD as u64)
+    );
+    assert_eq!(
+        counter("tollgate_decisions_total", ("enforcement", "bypassed")),
+        Some(FLOOD as u64)
+    );
+}
