@@ -12,8 +12,10 @@ use tollgate_core::{Clock, Decision, Key, Policy, StoreError};
 use tollgate_local::LocalStore;
 
 /// A local store on any [`Clock`], shared by clones, standing in for the shared store under
-/// [`FailureMode::DegradedOn`](crate::FailureMode::DegradedOn); built by
-/// [`FailureMode::degraded_with`](crate::FailureMode::degraded_with) or [`LocalFallback::new`].
+/// [`FailureMode::Degraded`](crate::FailureMode::Degraded); built by
+/// [`FailureMode::degraded`](crate::FailureMode::degraded) (the real monotonic clock),
+/// [`FailureMode::degraded_with`](crate::FailureMode::degraded_with), [`LocalFallback::new`] or
+/// `.into()` from an `Arc<LocalStore<C>>`.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -34,6 +36,12 @@ impl LocalFallback {
 
     pub(crate) fn decider(&self) -> &dyn DecideNow {
         &*self.0
+    }
+}
+
+impl<C: Clock> From<Arc<LocalStore<C>>> for LocalFallback {
+    fn from(local: Arc<LocalStore<C>>) -> Self {
+        Self::new(local)
     }
 }
 

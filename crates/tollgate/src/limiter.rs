@@ -36,19 +36,13 @@ pub enum FailureMode {
     Closed,
     /// Decide on a per-process local store, labelled [`Enforcement::Degraded`].
     Degraded {
-        /// The local store used while the shared one is unavailable.
-        local: Arc<LocalStore>,
+        /// The local store used while the shared one is unavailable, on the clock of the
+        /// caller's choosing ([`FailureMode::degraded`] builds one on the real monotonic clock,
+        /// [`FailureMode::degraded_with`] takes one; `Arc<LocalStore<C>>` converts with
+        /// `.into()`).
+        local: LocalFallback,
         /// Expected number of instances sharing the quota; the local quota is the shared one
         /// divided by it (at least 1). Approximate by nature.
-        expected_instances: u32,
-    },
-    /// [`FailureMode::Degraded`] on a local store whose [`Clock`](tollgate_core::Clock) the
-    /// caller chose (see [`FailureMode::degraded_with`]): the same mode, labelled, logged and
-    /// counted as `degraded`. `Degraded` itself holds a store on the real monotonic clock.
-    DegradedOn {
-        /// The local store used while the shared one is unavailable.
-        local: LocalFallback,
-        /// Expected number of instances sharing the quota, as for [`FailureMode::Degraded`].
         expected_instances: u32,
     },
 }
@@ -56,10 +50,7 @@ pub enum FailureMode {
 impl FailureMode {
     /// Degrade to a fresh local store, dividing the quota by `expected_instances`.
     pub fn degraded(expected_instances: u32) -> Self {
-        Self::Degraded {
-            local: Arc::new(LocalStore::new()),
-            expected_instances,
-        }
+        Self::degraded_with(Arc::new(LocalStore::new()), expected_instances)
     }
 
     /// Degrade to `local`, a local store on a clock of the caller's choosing, dividing the
@@ -81,7 +72,7 @@ impl FailureMode {
         local: Arc<LocalStore<C>>,
         expected_instances: u32,
     ) -> Self {
-        Self::DegradedOn {
+        Self::Degraded {
             local: LocalFallback::new(local),
             expected_instances,
         }
@@ -92,7 +83,7 @@ impl FailureMode {
         match self {
             Self::Open => "open",
             Self::Closed => "closed",
-            Self::Degraded { .. } | Self::DegradedOn { .. } => "degraded",
+            Self::Degraded { .. } => "degraded",
         }
     }
 
@@ -100,9 +91,6 @@ impl FailureMode {
     fn expected_instances(&self) -> Option<u32> {
         match self {
             Self::Degraded {
-                expected_instances, ..
-            }
-            | Self::DegradedOn {
                 expected_instances, ..
             } => Some(*expected_instances),
             Self::Open | Self::Closed => None,
@@ -687,8 +675,7 @@ impl Limiter {
                 enforcement: Enforcement::Bypassed,
             }),
             FailureMode::Closed => Err(()),
-            FailureMode::Degraded { local, .. } => self.decide_locally(&**local, key, cost, error),
-            FailureMode::DegradedOn { local, .. } => {
+            FailureMode::Degraded { local, .. } => {
                 self.decide_locally(local.decider(), key, cost, error)
             }
         }

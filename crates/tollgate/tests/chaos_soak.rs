@@ -253,7 +253,7 @@ fn soak(duration: Duration) {
                 .unwrap();
             let mode = match i {
                 0 | 1 => FailureMode::Degraded {
-                    local: Arc::new(LocalStore::new()),
+                    local: Arc::new(LocalStore::new()).into(),
                     expected_instances: EXPECTED_INSTANCES,
                 },
                 2 => FailureMode::Open,
