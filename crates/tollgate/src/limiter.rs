@@ -104,8 +104,10 @@ impl FailureMode {
 pub enum Error {
     /// The request was invalid (cost 0 or above the policy's limit, or a bad key). A client
     /// error: never a denial, and no `Retry-After`.
-    #[error("invalid request: {0}")]
-    Invalid(#[source] StoreError),
+    /// Shown as the store's error, which names the request's fault ("invalid request: …",
+    /// "invalid key: …").
+    #[error(transparent)]
+    Invalid(StoreError),
     /// The store could not answer and the operation fails closed.
     #[error("rate limiter for {operation:?} unavailable ({}): {source}", source.class().as_str())]
     Unavailable {
@@ -875,6 +877,16 @@ mod tests {
     /// since the policy in force is held by an `arc_swap` guard (16 bytes) instead of a
     /// `&'static` to a policy leaked for the process's life (8). The bound catches growth past
     /// that; the size is the type's, whatever the store.
+    #[test]
+    fn an_invalid_request_is_named_once() {
+        let e = Error::Invalid(StoreError::InvalidPolicy(
+            tollgate_core::PolicyError::CostAboveCapacity { cost: 5, max: 4 },
+        ));
+        let text = e.to_string();
+        assert!(text.starts_with("invalid request: "), "{text}");
+        assert_eq!(text.matches("invalid").count(), 1, "{text}");
+    }
+
     #[tokio::test]
     async fn a_decision_future_stays_small() {
         let limiter = local_limiter();
