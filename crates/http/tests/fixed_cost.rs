@@ -6,8 +6,7 @@
 //! test's thread registers first (tracing's callsite interest is process-wide).
 
 use std::future::poll_fn;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -17,36 +16,6 @@ use axum::routing::get;
 use tollgate::{FailureMode, Limiter, LocalStore, Policy};
 use tollgate_http::{CostFn, CostSource, FixedCost, RateLimitLayer, Rejection, RouteKey};
 use tower::Service;
-
-/// Log lines, shared with the subscriber's writer.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    /// The layer's error lines that name `route`.
-    fn errors_of(&self, route: &str) -> Vec<String> {
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .filter(|l| {
-                l.contains("ERROR")
-                    && l.contains("tollgate_http")
-                    && l.contains(&format!("route=\"{route}\""))
-            })
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 /// A per-request cost function of the application's own: the number of items the request
 /// names. It does not claim to be fixed, so its cost is the request's.
@@ -76,14 +45,7 @@ fn limiter(name: &str, limit: u64) -> Limiter {
 
 #[test]
 fn a_fixed_cost_above_capacity_is_a_500_and_a_request_cost_above_it_a_413() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _logs = tracing::subscriber::set_default(subscriber);
+    let (lines, _logs) = tollgate_testkit::logs::capture();
 
     let later = limiter("later", 10);
     let handler = || get(|| async { "ok" });
@@ -141,10 +103,14 @@ fn a_fixed_cost_above_capacity_is_a_500_and_a_request_cost_above_it_a_413() {
     assert_eq!(status("/custom", 10), StatusCode::OK);
 
     for route in ["fixed", "source", "later"] {
-        let errors = lines.errors_of(route);
+        let errors = lines.matching(&["ERROR", "tollgate_http", &format!("route=\"{route}\"")]);
         eprintln!("{route}: {errors:#?}");
         assert_eq!(errors.len(), 1, "{route}: {errors:#?}");
         assert!(errors[0].contains("fixed cost"), "{}", errors[0]);
     }
-    assert!(lines.errors_of("custom").is_empty());
+    assert!(
+        lines
+            .matching(&["ERROR", "tollgate_http", "route=\"custom\""])
+            .is_empty()
+    );
 }

@@ -5,9 +5,8 @@
 //! "unavailable", with a circuit breaker that never opens, so every request meets the outage.
 
 use std::future::poll_fn;
-use std::io::Write;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -58,32 +57,6 @@ impl Store for Switched {
     }
 }
 
-/// Log lines, shared with the subscriber's writer.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    /// The layer's lines (target `tollgate_http`) that name `route`.
-    fn of(&self, route: &str) -> Vec<String> {
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .filter(|l| l.contains("tollgate_http") && l.contains(&format!("route=\"{route}\"")))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 /// A degraded and a fail-open route on `store`, with breakers that never open.
 fn app(store: &Arc<dyn Store>) -> Router {
     let policy = Policy::fixed_window(1_000, Duration::from_secs(3600)).unwrap();
@@ -111,14 +84,7 @@ fn app(store: &Arc<dyn Store>) -> Router {
 
 #[test]
 fn an_outage_is_logged_once_per_change_not_once_per_request() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _logs = tracing::subscriber::set_default(subscriber);
+    let (lines, _logs) = tollgate_testkit::logs::capture();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
 
@@ -160,7 +126,7 @@ fn an_outage_is_logged_once_per_change_not_once_per_request() {
     });
 
     for (name, enforcement) in [("fallback", "degraded"), ("open", "bypassed")] {
-        let logged = lines.of(name);
+        let logged = lines.matching(&["tollgate_http", &format!("route=\"{name}\"")]);
         eprintln!(
             "{name}: {} lines from the layer for 105 requests",
             logged.len()

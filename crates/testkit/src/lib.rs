@@ -7,6 +7,7 @@
 pub mod clock;
 pub mod cluster;
 pub mod conformance;
+pub mod logs;
 pub mod proxy;
 pub mod sentinel;
 pub mod server;

@@ -3,8 +3,7 @@
 //! its test binary: a thread-scoped subscriber misses events whose callsite another test's
 //! thread registers first (tracing's callsite interest is process-wide).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -24,35 +23,13 @@ fn limiter(mode: FailureMode) -> Limiter {
     .unwrap()
 }
 
-/// Log output, shared with the subscriber's writer.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The breaker does not count key-cap refusals, so nothing else bounds their warning: a flood
 /// of new keys gets one line per interval (10 s), not one per request, while the metrics count
 /// every refusal.
 #[test]
 fn a_new_key_flood_at_the_cap_is_logged_boundedly_and_counted_fully() {
     const FLOOD: usize = 1000;
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _logs = tracing::subscriber::set_default(subscriber);
+    let (lines, _logs) = tollgate_testkit::logs::capture();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -75,11 +52,7 @@ fn a_new_key_flood_at_the_cap_is_logged_boundedly_and_counted_fully() {
     });
     let elapsed = started.elapsed();
 
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    let logged: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("cannot hold a new key"))
-        .collect();
+    let logged = lines.matching(&["cannot hold a new key"]);
     eprintln!(
         "{} warning line(s) for {FLOOD} refusals in {elapsed:?}",
         logged.len()
