@@ -155,6 +155,21 @@ pub trait Store: Send + Sync {
         Ok(out)
     }
 
+    /// [`Store::acquire_many`] for a caller that gives up at `deadline`. A store that spreads
+    /// a batch over several servers (Redis Cluster) answers by then with what it has: each
+    /// request still unanswered fails alone (timed out, class unavailable) and the decisions
+    /// already made are returned, where the caller's own timeout would discard them all although
+    /// they consumed allowance. The default ignores `deadline` and calls `acquire_many`: the
+    /// caller's timeout bounds it.
+    async fn acquire_many_by(
+        &self,
+        requests: &[Acquire<'_>],
+        deadline: std::time::Instant,
+    ) -> Result<Batch, StoreError> {
+        let _ = deadline;
+        self.acquire_many(requests).await
+    }
+
     /// What `acquire` would decide for `cost` now, without consuming anything.
     async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
 

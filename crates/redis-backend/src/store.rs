@@ -18,7 +18,7 @@ use crate::error::{classify, is_noscript};
 use crate::scripts::{self, BucketKey, Call, Invocation};
 
 /// How long before a batch's deadline a cluster command still unanswered fails on its own (at
-/// most a tenth of the deadline): the margin for the other nodes' replies to be returned.
+/// most a tenth of the time left): the margin for the other nodes' replies to be returned.
 const CUT_MARGIN: Duration = Duration::from_millis(10);
 
 /// A [`Store`] backed by Redis.
@@ -311,21 +311,32 @@ impl Store for RedisStore {
     /// Each request has its own result: one refused or failed request does not discard the
     /// decisions made for the others.
     async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
+        self.acquire_many_by(requests, std::time::Instant::now() + self.inner.timeout)
+            .await
+    }
+
+    /// As [`RedisStore::acquire_many`], ending by the earlier of `deadline` and the store's
+    /// own. On a cluster each command is also cut a little before then (a tenth of the time
+    /// left, at most 10 ms), so that the commands a hung node holds fail alone and the other
+    /// nodes' replies are returned before either deadline would discard them all.
+    async fn acquire_many_by(
+        &self,
+        requests: &[Acquire<'_>],
+        deadline: std::time::Instant,
+    ) -> Result<Batch, StoreError> {
         for r in requests {
             r.policy.check_cost(r.cost)?;
         }
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        // On a cluster each command is also cut a little before the deadline, so that the
-        // commands a hung node holds fail alone and the batch returns the other nodes' replies
-        // before the deadline below would discard them all.
-        let limit = self.inner.timeout;
-        let at = tokio::time::Instant::now() + limit;
-        let cut = at - (limit / 10).min(CUT_MARGIN);
+        let now = tokio::time::Instant::now();
+        let at = (now + self.inner.timeout).min(tokio::time::Instant::from_std(deadline));
+        let left = at.saturating_duration_since(now);
+        let cut = at - (left / 10).min(CUT_MARGIN);
         tokio::time::timeout_at(at, self.invoke_many(requests, cut))
             .await
-            .unwrap_or(Err(StoreError::Timeout(limit)))
+            .unwrap_or(Err(StoreError::Timeout(left)))
     }
 
     async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {

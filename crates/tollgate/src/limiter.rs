@@ -459,8 +459,11 @@ impl Limiter {
                 .iter()
                 .map(|key| Acquire { key, policy, cost })
                 .collect();
-            let call = inner.store.acquire_many(&requests);
-            let batch = match tokio::time::timeout(inner.timeout, call).await {
+            // The store is told the deadline, so that a batch it spreads over several servers
+            // returns the decisions made by then rather than losing them all to this timeout.
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            let call = inner.store.acquire_many_by(&requests, deadline.into_std());
+            let batch = match tokio::time::timeout_at(deadline, call).await {
                 Ok(r) => r,
                 Err(_) => Err(StoreError::Timeout(inner.timeout)),
             };
