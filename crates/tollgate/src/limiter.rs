@@ -20,10 +20,11 @@ use crate::meters::Meters;
 /// Default deadline for one store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// The warning that a store at its key cap refused a new key is written at most once per this
-/// interval (each line counts the refusals held back since the previous one): a flood of new
-/// keys must not flood the log. The metrics count every refusal.
-const CAPACITY_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+/// A line that traffic can repeat on every request — the store at its key cap refusing a new
+/// key, or the degraded mode's local store failing too (at its own cap, during an outage) — is
+/// written at most once per this interval, each line counting the occurrences held back since
+/// the previous one: a flood of new keys must not flood the log. The metrics count every one.
+const REPEATED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What an operation does when its store cannot answer (unavailable or busy). Chosen
 /// explicitly for every [`Limiter`]; there is no default.
@@ -236,7 +237,8 @@ impl LimiterBuilder {
                 breaker: Breaker::new(self.breaker),
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 meters,
-                capacity_log: LogThrottle::new(CAPACITY_WARNING_INTERVAL),
+                capacity_log: LogThrottle::new(REPEATED_LOG_INTERVAL),
+                fallback_log: LogThrottle::new(REPEATED_LOG_INTERVAL),
             }),
         })
     }
@@ -260,6 +262,8 @@ struct Inner {
     meters: Meters,
     /// Thins the key-cap warning; the breaker bounds the outage warnings.
     capacity_log: LogThrottle,
+    /// Thins the error that the degraded mode's local store failed too.
+    fallback_log: LogThrottle,
 }
 
 /// The policy in force and its scaled-down local form (under [`FailureMode::Degraded`]).
@@ -715,7 +719,10 @@ impl Limiter {
         match local_decision {
             Ok(d) => Ok(d.with_enforcement(Enforcement::Degraded)),
             Err(local_error) => {
-                tracing::error!(operation = %inner.operation, shared = %error, local = %local_error, "degraded local limiter failed too");
+                inner.meters.fallback_error(local_error.class());
+                if let Some(suppressed) = inner.fallback_log.hit(Instant::now(), 1) {
+                    tracing::error!(operation = %inner.operation, shared = %error, local = %local_error, suppressed, "degraded local limiter failed too");
+                }
                 Err(())
             }
         }

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `operation`, `outcome` (allowed, denied, invalid, unavailable, error), `enforcement` (shared, degraded, bypassed, none) |
 //! | `tollgate_store_errors_total` | counter | `operation`, `class` (invalid, unavailable, busy, capacity, script) |
+//! | `tollgate_fallback_errors_total` | counter | `operation`, `class`: the degraded mode's local store failing too (capacity: at its key cap), so the request fails closed |
 //! | `tollgate_breaker_state` | gauge | `operation`; 0 closed, 1 open, 2 half-open |
 //! | `tollgate_decision_seconds` | histogram | `operation` |
 
@@ -25,6 +26,7 @@ pub(crate) struct Meters {
     unavailable: Counter,
     error: Counter,
     store_errors: [Counter; 5],
+    fallback_errors: [Counter; 5],
     pub(crate) breaker: Gauge,
     latency: Histogram,
 }
@@ -51,6 +53,9 @@ impl Meters {
             store_errors: CLASSES.map(|class| {
                 metrics::counter!("tollgate_store_errors_total", "operation" => op.clone(), "class" => class)
             }),
+            fallback_errors: CLASSES.map(|class| {
+                metrics::counter!("tollgate_fallback_errors_total", "operation" => op.clone(), "class" => class)
+            }),
             breaker: metrics::gauge!("tollgate_breaker_state", "operation" => op.clone()),
             latency: metrics::histogram!("tollgate_decision_seconds", "operation" => op.clone()),
         }
@@ -74,13 +79,22 @@ impl Meters {
     }
 
     pub(crate) fn store_error(&self, class: ErrorClass) {
-        let i = match class {
-            ErrorClass::Invalid => 0,
-            ErrorClass::Unavailable => 1,
-            ErrorClass::Busy => 2,
-            ErrorClass::Capacity => 3,
-            _ => 4,
-        };
-        self.store_errors[i].increment(1);
+        self.store_errors[class_index(class)].increment(1);
+    }
+
+    /// The degraded mode's local store failed too.
+    pub(crate) fn fallback_error(&self, class: ErrorClass) {
+        self.fallback_errors[class_index(class)].increment(1);
+    }
+}
+
+/// `class`'s place in [`CLASSES`].
+fn class_index(class: ErrorClass) -> usize {
+    match class {
+        ErrorClass::Invalid => 0,
+        ErrorClass::Unavailable => 1,
+        ErrorClass::Busy => 2,
+        ErrorClass::Capacity => 3,
+        _ => 4,
     }
 }

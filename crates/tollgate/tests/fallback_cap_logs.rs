@@ -1,0 +1,96 @@
+//! The degraded mode's local store at its key cap during an outage, meeting a flood of new
+//! keys: each such request fails closed, and the limiter bounds the error line that says so
+//! (the breaker is open: nothing else would). Alone in its test binary, as `key_cap_logs.rs`
+//! (a thread-scoped subscriber and tracing's process-wide callsite interest).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tollgate::{Enforcement, Error, FailureMode, Limiter, LocalStore, Policy};
+use tollgate_redis::RedisStore;
+
+const CAP: usize = 4;
+
+#[test]
+fn a_new_key_flood_at_the_fallbacks_cap_is_logged_boundedly_and_counted_fully() {
+    const FLOOD: usize = 1000;
+    let (lines, _logs) = tollgate_testkit::logs::capture();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let started = Instant::now();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            // Redis is down for the whole run: a loopback port nothing listens on.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+                .timeout(Duration::from_millis(50))
+                .build_lazy()
+                .await
+                .unwrap();
+            let local = Arc::new(LocalStore::builder().max_keys(CAP).build());
+            let limiter = Limiter::builder(
+                "capped",
+                Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
+            )
+            .store(Arc::new(store))
+            .failure_mode(FailureMode::degraded_with(local, 1))
+            .build()
+            .unwrap();
+            for i in 0..CAP {
+                let d = limiter.check([format!("held{i}")], 1).await.unwrap();
+                assert_eq!(d.enforcement, Enforcement::Degraded);
+            }
+            for i in 0..FLOOD {
+                let e = limiter.check([format!("new{i}")], 1).await.unwrap_err();
+                assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+            }
+        });
+    });
+    let elapsed = started.elapsed();
+
+    let logged = lines.matching(&["degraded local limiter failed too"]);
+    eprintln!(
+        "{} error line(s) for {FLOOD} failures of the fallback in {elapsed:?}",
+        logged.len()
+    );
+    for l in &logged {
+        eprintln!("  {l}");
+    }
+    let bound = 1 + elapsed.as_secs().div_ceil(10) as usize;
+    assert!(
+        !logged.is_empty() && logged.len() <= bound,
+        "{} lines, bound {bound}",
+        logged.len()
+    );
+    assert!(logged[0].contains("suppressed=0"), "{}", logged[0]);
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |name: &str, label: (&str, &str)| {
+        snapshot.iter().find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let matches = key.name() == name && key.labels().any(|l| (l.key(), l.value()) == label);
+            match (matches, value) {
+                (true, DebugValue::Counter(n)) => Some(*n),
+                _ => None,
+            }
+        })
+    };
+    assert_eq!(
+        counter("tollgate_fallback_errors_total", ("class", "capacity")),
+        Some(FLOOD as u64)
+    );
+    assert_eq!(
+        counter("tollgate_decisions_total", ("outcome", "unavailable")),
+        Some(FLOOD as u64)
+    );
+}
