@@ -263,11 +263,19 @@ impl RateLimitResponses {
     pub fn error<B: From<String>>(&self, error: &Error) -> Response<B> {
         match error {
             Error::Invalid(StoreError::InvalidPolicy(
-                e @ PolicyError::CostAboveCapacity { .. },
+                e @ PolicyError::CostAboveCapacity { max, .. },
             )) => {
                 let mut resp = text(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}\n"));
-                resp.headers_mut()
-                    .insert(RATELIMIT_POLICY.clone(), self.policy_field());
+                // The limit that refused the cost: a newer generation stored by another
+                // instance may govern with a smaller one than this instance's policy (shown
+                // without `w` then, as a decision under it is).
+                let policy = self.policy();
+                let field = if *max == policy.limit() {
+                    self.policy_field_for(&policy)
+                } else {
+                    render_quota(&self.name, *max, None)
+                };
+                resp.headers_mut().insert(RATELIMIT_POLICY.clone(), field);
                 resp
             }
             Error::Invalid(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
@@ -412,6 +420,18 @@ mod tests {
         assert_eq!(h["x-ratelimit-remaining"], "7");
         assert_eq!(h["x-ratelimit-reset"], "31");
         assert!(h.get(RETRY_AFTER).is_none());
+    }
+
+    /// A newer generation stored by another instance refused the cost with its smaller limit:
+    /// the 413 shows that limit, the one the request must fit, not this instance's.
+    #[test]
+    fn a_413_shows_the_limit_that_refused_the_cost() {
+        let p = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
+        let r = RateLimitResponses::new("api", &p);
+        let newer = Error::from(PolicyError::CostAboveCapacity { cost: 7, max: 5 });
+        let resp = r.error::<String>(&newer);
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(resp.headers()[&RATELIMIT_POLICY], r#""api";q=5"#);
     }
 
     #[test]
