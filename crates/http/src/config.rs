@@ -623,6 +623,16 @@ impl Validator<'_> {
                     );
                 };
                 let [(_, default), (_, min), (_, max)] = numbers;
+                if default > limit {
+                    // The server's own choice of cost (for a request without the header) could
+                    // never pass: a misconfiguration, not each such request's 413. (`min` is at
+                    // most `default`, checked below.)
+                    return self.err(
+                        &span,
+                        &format!("{field}.default"),
+                        format_args!("must be at most the policy's limit {limit}, got {default}"),
+                    );
+                }
                 HeaderCost::new(header, default, min, max)
                     .map(CostSource::Header)
                     .or_else(|e| self.err(&span, field, e))
@@ -757,6 +767,17 @@ failure_mode = "closed"
 
         let e = error(&with("cost = { header = \"x-cost\", min = 5, max = 2 }"));
         assert_eq!((e.line, e.field.as_str()), (8, "route[0].cost"), "{e}");
+
+        // the server's own cost, for a request without the header, must fit
+        let e = error(&with(
+            "cost = { header = \"x-cost\", default = 20, max = 50 }",
+        ));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "route[0].cost.default"),
+            "{e}"
+        );
+        assert!(e.message.contains("at most the policy's limit 10"), "{e}");
 
         let e = error(&with("method = \"GE T\""));
         assert_eq!((e.line, e.field.as_str()), (8, "route[0].method"), "{e}");
