@@ -82,6 +82,9 @@ impl StoreArgs {
         let Some(url) = &self.redis else {
             return self.connect().await;
         };
+        // A URL that can never work is an error now, not a Redis "that cannot be reached yet".
+        redis::Client::open(url.as_str())
+            .with_context(|| format!("invalid Redis URL {}", redacted(url)))?;
         match self.redis_builder(url).build().await {
             Ok(store) => Ok(Arc::new(store)),
             Err(error) if error.class() == tollgate::ErrorClass::Unavailable => {

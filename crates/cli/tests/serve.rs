@@ -351,6 +351,28 @@ fn serve_refuses_an_invalid_policy_file_naming_field_and_line() {
     );
 }
 
+/// A Redis URL that can never work is a startup error (without its password), not the
+/// "Redis cannot be reached yet" that serves on the failure modes.
+#[test]
+fn serve_refuses_an_invalid_redis_url_without_showing_its_password() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--redis", "redis://:s3cret@bad host:1"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid Redis URL redis://:***@bad host:1"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("s3cret") && !stderr.contains("cannot be reached"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn print_config_shows_the_builtin_policy_file() {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))

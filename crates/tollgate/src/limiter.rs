@@ -675,14 +675,18 @@ impl Limiter {
     fn apply_failure_mode(&self, key: &Key, cost: u64, error: &StoreError) -> Result<Decision, ()> {
         let inner = &*self.inner;
         match &inner.failure_mode {
-            FailureMode::Open => Ok(Decision {
-                allowed: true,
-                limit: self.policy().limit(),
-                remaining: self.policy().limit(),
-                retry_after: None,
-                reset_after: Duration::ZERO,
-                enforcement: Enforcement::Bypassed,
-            }),
+            FailureMode::Open => {
+                // One read of the policy, so that a switch meanwhile cannot mix two limits.
+                let limit = self.policy().limit();
+                Ok(Decision {
+                    allowed: true,
+                    limit,
+                    remaining: limit,
+                    retry_after: None,
+                    reset_after: Duration::ZERO,
+                    enforcement: Enforcement::Bypassed,
+                })
+            }
             FailureMode::Closed => Err(()),
             FailureMode::Degraded { local, .. } => {
                 self.decide_locally(local.decider(), key, cost, error)
