@@ -741,64 +741,104 @@ pub async fn keys_are_independent<H: Harness>(h: &H) {
     }
 }
 
-/// A batch returns one decision per request, in order, each applied after the ones before it.
+/// A batch returns one decision per request, in order, each applied after the ones before it;
+/// the same through `acquire_many_by` with a deadline far off (on fresh keys, same time).
 pub async fn acquire_many_returns_one_decision_per_request_in_order<H: Harness>(h: &H) {
     h.set_time(T0 + 35_000 * SEC).await;
     let [(_, tbp), (_, fwp), (_, slp)] = all_algorithms();
-    let (a, b, c) = (key("batch", "a"), key("batch", "b"), key("batch", "c"));
-    let requests = [
-        Acquire {
-            key: &a,
-            policy: &tbp,
-            cost: 3,
-        },
-        Acquire {
-            key: &a,
-            policy: &tbp,
-            cost: 3,
-        },
-        Acquire {
-            key: &b,
-            policy: &fwp,
-            cost: 5,
-        },
-        Acquire {
-            key: &a,
-            policy: &tbp,
-            cost: 2,
-        },
-        Acquire {
-            key: &c,
-            policy: &slp,
-            cost: 1,
-        },
-        Acquire {
-            key: &b,
-            policy: &fwp,
-            cost: 1,
-        },
-    ];
-    let got = h
-        .store()
-        .acquire_many(&requests)
-        .await
-        .unwrap_or_else(|e| panic!("acquire_many failed: {e}"))
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| r.unwrap_or_else(|e| panic!("acquire_many request {i} failed: {e}")))
-        .collect::<Vec<_>>();
-    assert_eq!(got.len(), requests.len(), "one decision per request");
-    check("batch[0] tb cost 3", &tbp, &got[0], allowed(2, 3 * SEC));
-    check("batch[1] tb cost 3", &tbp, &got[1], denied(2, SEC, 3 * SEC));
-    check("batch[2] fw cost 5", &fwp, &got[2], allowed(0, 10 * SEC));
-    check("batch[3] tb cost 2", &tbp, &got[3], allowed(0, 5 * SEC));
-    check("batch[4] sl cost 1", &slp, &got[4], allowed(4, 10 * SEC));
-    check(
-        "batch[5] fw cost 1",
-        &fwp,
-        &got[5],
-        denied(0, 10 * SEC, 10 * SEC),
-    );
+    for by_deadline in [false, true] {
+        let call = if by_deadline {
+            "acquire_many_by"
+        } else {
+            "acquire_many"
+        };
+        let (a, b, c) = (key(call, "a"), key(call, "b"), key(call, "c"));
+        let requests = [
+            Acquire {
+                key: &a,
+                policy: &tbp,
+                cost: 3,
+            },
+            Acquire {
+                key: &a,
+                policy: &tbp,
+                cost: 3,
+            },
+            Acquire {
+                key: &b,
+                policy: &fwp,
+                cost: 5,
+            },
+            Acquire {
+                key: &a,
+                policy: &tbp,
+                cost: 2,
+            },
+            Acquire {
+                key: &c,
+                policy: &slp,
+                cost: 1,
+            },
+            Acquire {
+                key: &b,
+                policy: &fwp,
+                cost: 1,
+            },
+        ];
+        let batch = if by_deadline {
+            let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+            h.store().acquire_many_by(&requests, far).await
+        } else {
+            h.store().acquire_many(&requests).await
+        };
+        let got = batch
+            .unwrap_or_else(|e| panic!("{call} failed: {e}"))
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.unwrap_or_else(|e| panic!("{call} request {i} failed: {e}")))
+            .collect::<Vec<_>>();
+        assert_eq!(
+            got.len(),
+            requests.len(),
+            "{call}: one decision per request"
+        );
+        check(
+            &format!("{call}[0] tb cost 3"),
+            &tbp,
+            &got[0],
+            allowed(2, 3 * SEC),
+        );
+        check(
+            &format!("{call}[1] tb cost 3"),
+            &tbp,
+            &got[1],
+            denied(2, SEC, 3 * SEC),
+        );
+        check(
+            &format!("{call}[2] fw cost 5"),
+            &fwp,
+            &got[2],
+            allowed(0, 10 * SEC),
+        );
+        check(
+            &format!("{call}[3] tb cost 2"),
+            &tbp,
+            &got[3],
+            allowed(0, 5 * SEC),
+        );
+        check(
+            &format!("{call}[4] sl cost 1"),
+            &slp,
+            &got[4],
+            allowed(4, 10 * SEC),
+        );
+        check(
+            &format!("{call}[5] fw cost 1"),
+            &fwp,
+            &got[5],
+            denied(0, 10 * SEC, 10 * SEC),
+        );
+    }
     let empty = h.store().acquire_many(&[]).await.expect("empty batch");
     assert!(empty.is_empty(), "an empty batch gives no decisions");
 }
