@@ -152,6 +152,14 @@ impl std::hash::Hash for Key {
     }
 }
 
+/// A map keyed by `Key` can be searched by the encoded string (as a key announced by another
+/// process arrives): `Key` hashes and compares as that string.
+impl std::borrow::Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key({})", self.0)

@@ -43,5 +43,5 @@ pub use builder::{
     RedisStoreBuilder,
 };
 pub use error::classify;
-pub use registry::{Published, RedisRegistry, RegistryError, Subscription};
+pub use registry::{Notice, Published, RedisRegistry, RegistryError, Subscription};
 pub use store::RedisStore;

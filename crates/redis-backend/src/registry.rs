@@ -208,25 +208,62 @@ impl RedisRegistry {
         Ok(out)
     }
 
+    /// Announces that the bucket `key` (a [`tollgate_core::Key`]'s encoded string) of the
+    /// limiters following `name` was reset, so that every follower forgets a denial of it
+    /// cached in its process (a local deny cache would otherwise keep denying it until the
+    /// cached deadline). Sent on the publications' channel as `<name>\n<key>`, which a
+    /// follower that only knows publications ignores (it is not a name it follows). Returns
+    /// how many subscribers received it.
+    pub async fn announce_reset(&self, name: &str, key: &str) -> Result<u64, RegistryError> {
+        check_name(name)?;
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(&self.key).arg(format!("{name}\n{key}"));
+        self.deadline(cmd.query_async(&mut conn)).await
+    }
+
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy
-    /// published from now on, until its connection drops.
+    /// published from now on (and each reset announced), until its connection drops.
     pub async fn subscribe(&self) -> Result<Subscription, RegistryError> {
         let mut pubsub = self.deadline(self.client.get_async_pubsub()).await?;
         self.deadline(pubsub.subscribe(&self.key)).await?;
         Ok(Subscription {
             stream: Box::pin(pubsub.into_on_message().filter_map(|msg| async move {
-                match msg.get_payload::<Value>() {
-                    Ok(Value::BulkString(name)) => String::from_utf8(name).ok(),
-                    _ => None,
-                }
+                let Ok(Value::BulkString(payload)) = msg.get_payload::<Value>() else {
+                    return None;
+                };
+                let text = String::from_utf8(payload).ok()?;
+                Some(match text.split_once('\n') {
+                    Some((name, key)) => Notice::Reset {
+                        name: name.to_owned(),
+                        key: key.to_owned(),
+                    },
+                    None => Notice::Published(text),
+                })
             })),
         })
     }
 }
 
-/// Names of policies published since [`RedisRegistry::subscribe`].
+/// What a [`Subscription`] hears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Notice {
+    /// A policy was published under this name.
+    Published(String),
+    /// The bucket `key` (an encoded [`tollgate_core::Key`]) of the limiters following `name`
+    /// was reset ([`RedisRegistry::announce_reset`]).
+    Reset {
+        /// The followed name.
+        name: String,
+        /// The bucket's encoded key.
+        key: String,
+    },
+}
+
+/// Publications and resets announced since [`RedisRegistry::subscribe`].
 pub struct Subscription {
-    stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = String> + Send>>,
+    stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = Notice> + Send>>,
 }
 
 impl fmt::Debug for Subscription {
@@ -236,8 +273,18 @@ impl fmt::Debug for Subscription {
 }
 
 impl Subscription {
-    /// The next published name; `None` once the subscription's connection is gone.
+    /// The next published name (resets skipped); `None` once the subscription's connection
+    /// is gone.
     pub async fn next(&mut self) -> Option<String> {
+        loop {
+            if let Notice::Published(name) = self.stream.next().await? {
+                return Some(name);
+            }
+        }
+    }
+
+    /// The next publication or reset; `None` once the subscription's connection is gone.
+    pub async fn next_notice(&mut self) -> Option<Notice> {
         self.stream.next().await
     }
 }

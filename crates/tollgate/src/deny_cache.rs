@@ -9,8 +9,12 @@
 //! *sent*, which is no later than when the store decided, so the cache never denies longer than
 //! the store would have.
 //!
-//! Invalidation is per process: a reset or a policy change made through another instance does
-//! not reach this cache, which keeps denying the key until the cached deadline at the latest.
+//! Invalidation across processes: a policy change made through another instance reaches this
+//! one as a publication in the policy registry, which its follower applies (the entry no
+//! longer matches the policy); a reset reaches it when made through
+//! [`crate::registry::PolicyFollower::reset`], which announces it to every follower of the name. A reset
+//! made only through another instance's [`crate::Limiter::reset`] does not reach this cache,
+//! which then keeps denying the key until the cached deadline at the latest.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -133,6 +137,12 @@ impl DenyCache {
 
     /// Forgets `key`'s denial, and any denial of it still in flight (see `epoch`).
     pub(crate) fn remove(&self, key: &Key) {
+        self.remove_encoded(key.as_str());
+    }
+
+    /// [`DenyCache::remove`] by the key's encoded string (a reset announced by another
+    /// process).
+    pub(crate) fn remove_encoded(&self, key: &str) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.entries.remove(key);
     }

@@ -178,10 +178,12 @@ impl LimiterBuilder {
     /// this limiter's [`Limiter::reset`] and by any policy change it follows (fingerprint or
     /// generation).
     ///
-    /// The cache is per process: a reset made through another instance, or a policy that
-    /// instance follows before this one does, does not reach it, so this instance keeps
-    /// denying the key until the cached `retry_after` at the latest. Do not opt in where a
-    /// reset must take effect on every instance at once.
+    /// The cache is per process. A reset reaches every instance's cache when it is made
+    /// through [`crate::registry::PolicyFollower::reset`] (announced over the policy registry, within a
+    /// pub/sub round trip); one made only through another instance's [`Limiter::reset`] does
+    /// not, and neither does a policy that instance follows before this one does (until this
+    /// one follows it too), so this instance keeps denying the key until the cached
+    /// `retry_after` at the latest.
     pub fn deny_cache(mut self, max_entries: usize) -> Self {
         self.deny_cache = Some(max_entries);
         self
@@ -550,14 +552,28 @@ impl Limiter {
         }
     }
 
+    /// Forgets a denial of the key encoded as `key` cached by this limiter (and any in
+    /// flight): a reset announced by another process ([`crate::registry::PolicyFollower`]).
+    pub(crate) fn forget_denial(&self, key: &str) {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.remove_encoded(key);
+        }
+    }
+
     /// Forgets the bucket identified by `parts` in the store (and any cached denial of it, or
-    /// one in flight): the next check sees a fresh bucket.
+    /// one in flight): the next check sees a fresh bucket. Other instances' deny caches do not
+    /// hear of it; [`crate::registry::PolicyFollower::reset`] tells them too.
     pub async fn reset<I, P>(&self, parts: I) -> Result<(), Error>
     where
         I: IntoIterator<Item = P>,
         P: AsRef<[u8]>,
     {
-        let key = self.key(parts)?;
+        self.reset_key(&self.key(parts)?).await
+    }
+
+    /// [`Limiter::reset`] for a key built by [`Limiter::key`].
+    pub async fn reset_key(&self, key: &Key) -> Result<(), Error> {
+        let key = key.clone();
         let inner = &*self.inner;
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&key);

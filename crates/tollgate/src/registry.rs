@@ -36,9 +36,22 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::Policy;
-use tollgate_redis::{RedisRegistry, RegistryError, Subscription};
+use tollgate_redis::{Notice, RedisRegistry, RegistryError, Subscription};
 
 use crate::Limiter;
+
+/// Why [`PolicyFollower::reset`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResetError {
+    /// The reset itself failed (an invalid key, or the store could not answer).
+    #[error(transparent)]
+    Limiter(#[from] crate::Error),
+    /// The bucket was reset, but the announcement to the other instances failed: their deny
+    /// caches keep a denial of the key until its cached deadline at the latest.
+    #[error("bucket reset, but announcing it to the other instances failed: {0}")]
+    Announce(#[source] RegistryError),
+}
 
 /// Default interval between two polls of the registry (the backstop for lost notifications).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
@@ -49,6 +62,8 @@ pub struct PolicyFollower {
     task: JoinHandle<()>,
     current: watch::Receiver<Policy>,
     bound: Duration,
+    registry: RedisRegistry,
+    name: String,
 }
 
 /// Whether `published` should replace `current`: a higher generation, or the same generation
@@ -105,9 +120,15 @@ impl Follow {
         loop {
             if let Some(s) = &mut sub {
                 tokio::select! {
-                    name = s.next() => match name {
-                        Some(name) if name != self.name => continue,
-                        Some(_) => {}
+                    notice = s.next_notice() => match notice {
+                        Some(Notice::Published(name)) if name == self.name => {}
+                        Some(Notice::Reset { name, key }) if name == self.name => {
+                            for l in &self.limiters {
+                                l.forget_denial(&key);
+                            }
+                            continue;
+                        }
+                        Some(_) => continue,
                         None => {
                             tracing::warn!(name = %self.name, "policy registry subscription lost; polling until it is back");
                             sub = None;
@@ -149,8 +170,8 @@ impl PolicyFollower {
         let (tx, current) = watch::channel(initial);
         let bound = poll_interval + registry.timeout();
         let follow = Follow {
-            registry,
-            name,
+            registry: registry.clone(),
+            name: name.clone(),
             limiters: limiters.to_vec(),
             tx,
         };
@@ -161,7 +182,30 @@ impl PolicyFollower {
             task: tokio::spawn(follow.run(Some(sub), poll_interval.max(Duration::from_millis(1)))),
             current,
             bound,
+            registry,
+            name,
         })
+    }
+
+    /// Resets the bucket identified by `parts` through `limiter` ([`Limiter::reset`]: the
+    /// store forgets it, and so does this process's deny cache), then announces the reset to
+    /// every follower of this name, whose limiters forget a denial of the key they cached: an
+    /// opt-in deny cache elsewhere in the fleet would otherwise keep denying the key until its
+    /// cached deadline. An announcement that fails (the registry unreachable) is an error after
+    /// the reset itself succeeded: the other instances' caches then hold their denials until
+    /// their deadlines at the latest.
+    pub async fn reset<I, P>(&self, limiter: &Limiter, parts: I) -> Result<(), ResetError>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        let key = limiter.key(parts)?;
+        limiter.reset_key(&key).await?;
+        self.registry
+            .announce_reset(&self.name, key.as_str())
+            .await
+            .map_err(ResetError::Announce)?;
+        Ok(())
     }
 
     /// The policy the limiters follow now.

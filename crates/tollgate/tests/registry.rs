@@ -217,3 +217,68 @@ async fn a_follower_brings_every_limiter_to_the_publication_not_just_the_first()
     .await;
     assert_eq!((ahead.policy(), behind.policy()), (g3, g3));
 }
+
+/// Two instances with deny caches deny one key (a fixed window of 1 per hour: cached for the
+/// hour). A reset through one instance's follower reaches the other's cache: its next check
+/// goes to Redis and is admitted. Through `Limiter::reset` alone it would not: the other
+/// instance keeps answering its cached denial.
+#[tokio::test]
+async fn a_reset_through_a_follower_clears_every_instances_deny_cache() {
+    let server = RedisServer::start();
+    let policy = spec("fixed-window:limit=1,window=1h");
+    let cached = async || {
+        let store = RedisStore::builder(server.url())
+            .timeout(TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        Limiter::builder("api", policy)
+            .store(Arc::new(store))
+            .failure_mode(FailureMode::Closed)
+            .deny_cache(100)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (cached().await, cached().await);
+    let follow = async |l: &Limiter| {
+        PolicyFollower::start(
+            registry(&server).await,
+            "api",
+            std::slice::from_ref(l),
+            Duration::from_secs(3600),
+        )
+        .await
+        .unwrap()
+    };
+    let (fa, _fb) = (follow(&a).await, follow(&b).await);
+    // a's check takes the key's one admission; b's is denied by Redis and cached for the hour
+    let denied = async |l: &Limiter, key: &str| !l.check([key], 1).await.unwrap().allowed;
+
+    // Limiter::reset alone: b's cached denial survives a's reset.
+    assert!(a.check(["alone"], 1).await.unwrap().allowed);
+    assert!(denied(&b, "alone").await);
+    a.reset(["alone"]).await.unwrap();
+    // the bucket is fresh in Redis: only b's cache can still deny it
+    assert!(denied(&b, "alone").await, "b answers from its cache");
+
+    // Through the follower: b's cache hears of it.
+    assert!(a.check(["shared"], 1).await.unwrap().allowed);
+    assert!(denied(&b, "shared").await);
+    let started = Instant::now();
+    fa.reset(&a, ["shared"]).await.unwrap();
+    let admitted = loop {
+        // the announcement travels over pub/sub: b is admitted once it has arrived (and its
+        // check reaches Redis, where the bucket is fresh); bounded by TIMEOUT
+        if b.check(["shared"], 1).await.unwrap().allowed {
+            break Some(started.elapsed());
+        }
+        if started.elapsed() > TIMEOUT {
+            break None;
+        }
+        tokio::task::yield_now().await;
+    };
+    let took = admitted.expect("b admitted after the announced reset");
+    eprintln!(
+        "a reset announced through the registry reached the other instance's deny cache in {took:?}"
+    );
+}
