@@ -46,6 +46,16 @@ pub enum PolicyError {
         /// The value given.
         got: Duration,
     },
+    /// A duration parameter was not a whole number of microseconds, the resolution of every
+    /// decision (Redis `TIME`): rounding it would change the rate or window, and the policy's
+    /// spec would no longer round-trip.
+    #[error("{field} must be a whole number of microseconds, got {got:?}")]
+    NotWholeMicros {
+        /// The parameter's name.
+        field: &'static str,
+        /// The value given.
+        got: Duration,
+    },
     /// A count parameter was larger than the algorithm can represent exactly.
     #[error("{field} must be at most {max}, got {got}")]
     TooLarge {
@@ -328,6 +338,9 @@ fn check_duration(field: &'static str, d: Duration, min: Duration) -> Result<u64
             max: MAX_DURATION,
             got: d,
         });
+    }
+    if d.subsec_nanos() % 1_000 != 0 {
+        return Err(PolicyError::NotWholeMicros { field, got: d });
     }
     Ok(d.as_micros() as u64)
 }
@@ -664,6 +677,20 @@ mod tests {
             Policy::sliding_log(MAX_SLIDING_LOG_LIMIT + 1, Duration::from_secs(1)),
             Err(PolicyError::TooLarge { .. })
         ));
+        // a period with a sub-microsecond part would be truncated (1999 ns as 1 µs: twice the
+        // rate) and its spec would not parse back to an equal policy
+        assert_eq!(
+            Policy::token_bucket(10, Rate::new(1, Duration::from_nanos(1999))),
+            Err(PolicyError::NotWholeMicros {
+                field: "refill period",
+                got: Duration::from_nanos(1999)
+            })
+        );
+        assert!(matches!(
+            Policy::fixed_window(10, Duration::from_nanos(1_000_000_500)),
+            Err(PolicyError::NotWholeMicros { field: "window", .. })
+        ));
+        assert!(Policy::token_bucket(10, Rate::new(1, Duration::from_nanos(2000))).is_ok());
         assert!(Rate::per_second_f64(-1.0).is_err());
         assert!(Rate::per_second_f64(f64::INFINITY).is_err());
         assert!(Rate::per_second_f64(0.0001).is_err());
