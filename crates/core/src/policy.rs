@@ -339,7 +339,7 @@ fn check_duration(field: &'static str, d: Duration, min: Duration) -> Result<u64
             got: d,
         });
     }
-    if d.subsec_nanos() % 1_000 != 0 {
+    if !d.subsec_nanos().is_multiple_of(1_000) {
         return Err(PolicyError::NotWholeMicros { field, got: d });
     }
     Ok(d.as_micros() as u64)
