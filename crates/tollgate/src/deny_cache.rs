@@ -37,7 +37,16 @@ pub(crate) struct DenyCache {
     /// Bumped by every [`DenyCache::remove`] (a reset), before the entry goes: a denial decided
     /// before the reset but answered after it must not be cached again.
     epoch: AtomicU64,
+    /// When the cache was made: the origin of `next_sweep`.
+    born: Instant,
+    /// Microseconds after `born` before which a full cache is not swept again: a sweep walks
+    /// every entry under every shard's write lock, and a flood of new denied keys must not pay
+    /// one per denial.
+    next_sweep: AtomicU64,
 }
+
+/// Least time between two sweeps of a full cache (as `LocalStore`'s sweep at its key cap).
+const FULL_SWEEP_GAP: Duration = Duration::from_millis(100);
 
 impl DenyCache {
     pub(crate) fn new(max_entries: usize) -> Self {
@@ -45,7 +54,26 @@ impl DenyCache {
             entries: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             max_entries,
             epoch: AtomicU64::new(0),
+            born: Instant::now(),
+            next_sweep: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a full cache may be swept at `now` (at most once per [`FULL_SWEEP_GAP`]; of
+    /// racing callers, one sweeps).
+    fn sweep_due(&self, now: Instant) -> bool {
+        let t = now.saturating_duration_since(self.born).as_micros() as u64;
+        let next = self.next_sweep.load(Ordering::Acquire);
+        t >= next
+            && self
+                .next_sweep
+                .compare_exchange(
+                    next,
+                    t + FULL_SWEEP_GAP.as_micros() as u64,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
     }
 
     /// The epoch to pass to [`DenyCache::insert`]: read before the store is called.
@@ -101,8 +129,12 @@ impl DenyCache {
             return;
         }
         if self.entries.len() >= self.max_entries {
-            // Full: drop what has lapsed; if nothing has, do not cache (never unbounded).
+            // Full: drop what has lapsed (at most once per gap); if nothing has, or a sweep is
+            // not due, do not cache (never unbounded, and never a sweep per denial).
             let now = Instant::now();
+            if !self.sweep_due(now) {
+                return;
+            }
             self.entries.retain(|_, e| now < e.until);
             if self.entries.len() >= self.max_entries {
                 return;
@@ -238,5 +270,19 @@ mod tests {
             );
         }
         assert_eq!(cache.len(), 2);
+    }
+
+    /// A full cache is swept (a walk of every entry under every shard's write lock) at most
+    /// once per gap, not on every further denial: a flood of new denied keys cost ~190 µs per
+    /// denial at 100,000 entries when each one swept.
+    #[test]
+    fn a_full_cache_is_swept_at_most_once_per_gap() {
+        let cache = DenyCache::new(1);
+        let t = cache.born;
+        assert!(cache.sweep_due(t), "the first sweep is due at once");
+        assert!(!cache.sweep_due(t), "not again at once");
+        assert!(!cache.sweep_due(t + Duration::from_micros(99_999)));
+        assert!(cache.sweep_due(t + FULL_SWEEP_GAP));
+        assert!(!cache.sweep_due(t + FULL_SWEEP_GAP + Duration::from_millis(1)));
     }
 }
