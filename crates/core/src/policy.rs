@@ -688,7 +688,10 @@ mod tests {
         );
         assert!(matches!(
             Policy::fixed_window(10, Duration::from_nanos(1_000_000_500)),
-            Err(PolicyError::NotWholeMicros { field: "window", .. })
+            Err(PolicyError::NotWholeMicros {
+                field: "window",
+                ..
+            })
         ));
         assert!(Policy::token_bucket(10, Rate::new(1, Duration::from_nanos(2000))).is_ok());
         assert!(Rate::per_second_f64(-1.0).is_err());

@@ -223,13 +223,31 @@ impl Bucket {
         if let Some(decision) = self.fast(table, policy, now_us, cost) {
             return Ok(decision);
         }
+        let runs_out = self.runs_out_at_expiry(table, policy);
         let out = self.general(table, policy, now_us, cost)?;
         match out.ttl_micros {
             Some(ttl) => self.expires_at_ms = expires_at_ms(now_us, ttl),
             None if !was_alive && !out.keep_expiry => self.slot = Slot::Missing,
             None => {}
         }
-        Ok(out.decision)
+        let mut decision = out.decision;
+        if runs_out {
+            algorithm::cap_at_expiry(&mut decision, now_us, self.expires_at_ms);
+        }
+        Ok(decision)
+    }
+
+    /// [`algorithm::runs_out_at_expiry`] for this bucket's record (never for a compact one
+    /// unless `policy` would start a deferral on it: compact records have none pending).
+    fn runs_out_at_expiry(&self, table: &ParamsTable, policy: &Policy) -> bool {
+        match &self.slot {
+            Slot::Missing | Slot::Lent => false,
+            Slot::Boxed(r) => algorithm::runs_out_at_expiry((**r).as_ref(), policy),
+            Slot::TokenBucket(..) | Slot::FixedWindow(..) => {
+                policy.transition() == tollgate_core::Transition::DeferUntilExpiry
+                    && algorithm::runs_out_at_expiry(self.slot.record(table).as_ref(), policy)
+            }
+        }
     }
 
     /// Whether the bucket is lent to the store's slot table ([`crate::lent`]): its state is
@@ -587,13 +605,18 @@ pub(crate) mod tests {
         if !was_alive {
             *plain = None;
         }
+        let runs_out = algorithm::runs_out_at_expiry(plain.as_ref(), policy);
         algorithm::apply(plain, policy, now, cost, true).map(|out| {
             match out.ttl_micros {
                 Some(ttl) => *expiry = expires_at_ms(now, ttl),
                 None if !was_alive && !out.keep_expiry => *plain = None,
                 None => {}
             }
-            out.decision
+            let mut decision = out.decision;
+            if runs_out {
+                algorithm::cap_at_expiry(&mut decision, now, *expiry);
+            }
+            decision
         })
     }
 

@@ -389,7 +389,13 @@ impl<C: Clock> LocalStore<C> {
                 };
                 if bucket.is_alive(now / 1000) {
                     let mut state = bucket.record(&self.params);
-                    return Ok(algorithm::apply(&mut state, policy, now, cost, false)?.decision);
+                    let runs_out = algorithm::runs_out_at_expiry(state.as_ref(), policy);
+                    let mut decision =
+                        algorithm::apply(&mut state, policy, now, cost, false)?.decision;
+                    if runs_out {
+                        algorithm::cap_at_expiry(&mut decision, now, bucket.expires_at_ms);
+                    }
+                    return Ok(decision);
                 }
                 now
             }

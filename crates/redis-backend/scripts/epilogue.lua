@@ -9,6 +9,14 @@
 -- one integer, remaining * 2^37 + reset, when both fit (below 2^53: exact). The milliseconds go as a string made by
 -- string.format('%d'): a number argument costs Redis a "%.17g" conversion, dearer than the
 -- call.
+if keep then
+  -- old parameters govern until the key expires (a deferral pending or starting): a fresh
+  -- bucket admits the caller's cost then, so no wait or reset reaches past the first
+  -- microsecond the key is gone (tollgate_core::algorithm::cap_at_expiry)
+  local gone = (redis.call('PEXPIRETIME', K[1]) + 1) * 1000 - now
+  if retry > gone then retry = gone end
+  if reset > gone then reset = gone end
+end
 if rec then
   if keep then
     redis.call('SET', K[1], rec, 'KEEPTTL')

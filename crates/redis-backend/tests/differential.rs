@@ -48,7 +48,11 @@ impl Model {
     ) -> Result<Decision, PolicyError> {
         let entry = self.map.get(rkey).cloned();
         let mut state = entry.as_ref().map(|(s, _)| s.clone());
-        let out = algorithm::apply(&mut state, policy, now, cost, commit)?;
+        let runs_out = algorithm::runs_out_at_expiry(state.as_ref(), policy);
+        let mut out = algorithm::apply(&mut state, policy, now, cost, commit)?;
+        if runs_out && let Some((_, expires_at_ms)) = &entry {
+            algorithm::cap_at_expiry(&mut out.decision, now, *expires_at_ms);
+        }
         if out.wrote() {
             let expires_at_ms = match (out.ttl_micros, &entry) {
                 (Some(ttl), _) => now / 1000 + ttl.div_ceil(1000).max(1),

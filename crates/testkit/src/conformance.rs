@@ -89,6 +89,7 @@ macro_rules! conformance_tests {
             newer_generation_carries_and_then_governs_older_callers,
             equal_generations_with_other_parameters_enforce_one_bound,
             newest_generation_governs_across_algorithms,
+            a_deferrals_waits_end_when_its_bucket_expires,
         }
     };
     (@names () $($case:ident,)*) => {
@@ -1092,6 +1093,51 @@ pub async fn newest_generation_governs_across_algorithms<H: Harness>(h: &H) {
     }
 }
 
+/// Under `DeferUntilExpiry` the old parameters govern until the bucket's key expires (its
+/// expiry kept), and then a fresh bucket admits the caller's cost: so `retry_after` and
+/// `reset_after` end at the first microsecond the key is gone, however long the old
+/// parameters' refill would take. A deny cache trusts `retry_after`: later would deny what
+/// the store admits.
+pub async fn a_deferrals_waits_end_when_its_bucket_expires<H: Harness>(h: &H) {
+    let t = T0 + 70_000 * SEC;
+    let old = tb(4, Rate::per_second(4)).with_generation(1);
+    let new = old
+        .with_generation(2)
+        .with_transition(Transition::DeferUntilExpiry);
+    let k = key("defer-expiry", "k");
+    h.set_time(t).await;
+    // generation 1 drains the bucket: its key lives through millisecond t/1000 + 1000
+    expect(h, "generation 1 takes 4", &k, &old, 4, allowed(0, SEC)).await;
+    let gone = (t / 1000 + 1000 + 1) * 1000;
+    let now = t + SEC / 2;
+    h.set_time(now).await;
+    // generation 2 defers: the old bucket (2 tokens refilled) governs, keeping its expiry; a
+    // full refill would take 1 s, but the key is gone sooner
+    expect(
+        h,
+        "generation 2 takes 2",
+        &k,
+        &new,
+        2,
+        allowed(0, gone - now),
+    )
+    .await;
+    let short = denied(0, gone - now, gone - now);
+    check(
+        "generation 2 peeks 4",
+        &new,
+        &peek(h, &k, &new, 4).await,
+        short,
+    );
+    expect(h, "generation 2 asks 4", &k, &new, 4, short).await;
+    expect(h, "generation 1 asks 4", &k, &old, 4, short).await;
+    h.set_time(gone - 1).await;
+    expect(h, "the last microsecond", &k, &new, 4, denied(2, 1, 1)).await;
+    h.set_time(gone).await;
+    // gone: a fresh bucket of generation 2 admits the cost denied until then
+    expect(h, "at the expiry", &k, &new, 4, allowed(0, SEC)).await;
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1100,6 +1146,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 30);
+        assert_eq!(names.len(), 31);
     }
 }

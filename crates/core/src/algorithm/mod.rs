@@ -25,6 +25,8 @@ pub use sliding_log::SlidingLogState;
 pub use token_bucket::TokenBucketState;
 pub use transition::muldiv;
 
+use std::time::Duration;
+
 use crate::{Algorithm, Decision, Policy, PolicyError, Transition};
 
 /// The stored state of one bucket, per algorithm.
@@ -135,6 +137,36 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
             keep_expiry: false,
         },
     }
+}
+
+/// Whether [`apply`] on `stored` for `policy` decides under a bucket whose old parameters
+/// govern until it expires: a [`Transition::DeferUntilExpiry`] pending on it (for this caller
+/// or a newer one), or starting with this call. Such a bucket is gone at its expiry and the
+/// next call starts a fresh one, so the decision's waits end then at the latest
+/// ([`cap_at_expiry`]); [`apply`] itself does not know the expiry.
+pub fn runs_out_at_expiry(stored: Option<&Record>, policy: &Policy) -> bool {
+    let Some(r) = stored else {
+        return false;
+    };
+    let g = policy.generation();
+    let newer =
+        g > r.generation || (g == r.generation && r.params != policy.algorithm().normalized());
+    if !newer || r.pending.is_some_and(|p| p >= g) {
+        return r.pending.is_some();
+    }
+    g > r.generation && policy.transition() == Transition::DeferUntilExpiry
+}
+
+/// Ends `decision`'s `retry_after` and `reset_after` no later than the first microsecond at
+/// which a bucket alive through the millisecond `expires_at_ms` is gone (Redis expiry), for a
+/// decision made at `now` under a bucket that [`runs_out_at_expiry`]: a fresh bucket admits
+/// the caller's cost then (it was checked against the caller's limit).
+pub fn cap_at_expiry(decision: &mut Decision, now: u64, expires_at_ms: u64) {
+    let gone = Duration::from_micros(((expires_at_ms + 1) * 1000).saturating_sub(now));
+    if let Some(retry) = &mut decision.retry_after {
+        *retry = (*retry).min(gone);
+    }
+    decision.reset_after = decision.reset_after.min(gone);
 }
 
 /// Applies `cost` at `now` to the bucket `record` under `policy`, updating `record` in place
