@@ -7,7 +7,10 @@
 //! invalidate the entry (the entry remembers the policy's fingerprint and generation, and
 //! [`crate::Limiter::reset`] removes it). The deadline is measured from when the request was
 //! *sent*, which is no later than when the store decided, so the cache never denies longer than
-//! the store would have.
+//! the store would have — measured on this process's monotonic clock, while the store decides
+//! on its own (Redis `TIME`): a Redis clock stepped forward can make the store admit the key
+//! before the cached deadline, and the cache denies it until then (exact while both clocks
+//! advance together).
 //!
 //! Invalidation across processes: a policy change made through another instance reaches this
 //! one as a publication in the policy registry, which its follower applies (the entry no

@@ -183,7 +183,10 @@ impl LimiterBuilder {
     /// pub/sub round trip); one made only through another instance's [`Limiter::reset`] does
     /// not, and neither does a policy that instance follows before this one does (until this
     /// one follows it too), so this instance keeps denying the key until the cached
-    /// `retry_after` at the latest.
+    /// `retry_after` at the latest. The deadline runs on this process's monotonic clock,
+    /// while the store decides on its own (Redis `TIME`): exact while both advance together;
+    /// if Redis's clock is stepped forward, the store may admit the key before the cached
+    /// deadline, which this cache still denies until then.
     pub fn deny_cache(mut self, max_entries: usize) -> Self {
         self.deny_cache = Some(max_entries);
         self
