@@ -66,8 +66,13 @@ impl BreakerState {
 /// What the breaker lets a caller do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Permit {
-    /// Call the store normally.
-    Call,
+    /// Call the store normally; `opened` is how many times the breaker had opened when the
+    /// call was let through.
+    Call {
+        /// The breaker's open count then: a failure of a call let through before the breaker
+        /// last opened belongs to the outage already handled, and is not counted again.
+        opened: u32,
+    },
     /// Call the store as the single probe.
     Probe,
     /// Do not call the store.
@@ -79,6 +84,8 @@ pub(crate) struct Breaker {
     epoch: Instant,
     state: AtomicU8,
     failures: AtomicU32,
+    /// How many times the breaker has opened (wrapping): see [`Permit::Call`].
+    opened: AtomicU32,
     /// Microseconds since `epoch` when an open breaker lets a probe through.
     reopen_at: AtomicU64,
 }
@@ -93,6 +100,7 @@ impl Breaker {
             epoch: Instant::now(),
             state: AtomicU8::new(0),
             failures: AtomicU32::new(0),
+            opened: AtomicU32::new(0),
             reopen_at: AtomicU64::new(0),
         }
     }
@@ -108,7 +116,12 @@ impl Breaker {
     /// Decides whether this call may reach the store.
     pub(crate) fn permit(&self) -> (Permit, Transition) {
         match self.state() {
-            BreakerState::Closed => (Permit::Call, None),
+            BreakerState::Closed => (
+                Permit::Call {
+                    opened: self.opened.load(Ordering::Acquire),
+                },
+                None,
+            ),
             BreakerState::HalfOpen => (Permit::Skip, None),
             BreakerState::Open => {
                 if self.now() < self.reopen_at.load(Ordering::Acquire) {
@@ -166,6 +179,13 @@ impl Breaker {
             self.state.store(1, Ordering::Release);
             return Some((BreakerState::HalfOpen, BreakerState::Open));
         }
+        if let Permit::Call { opened } = permit
+            && opened != self.opened.load(Ordering::Acquire)
+        {
+            // Let through before the breaker last opened: that outage is handled; counting its
+            // stragglers after a successful probe would reopen a breaker whose store answers.
+            return None;
+        }
         let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= self.config.failure_threshold && self.state() == BreakerState::Closed {
             // The probe's time is written before the breaker opens (the same reason), and the
@@ -176,6 +196,7 @@ impl Breaker {
                 .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
+                self.opened.fetch_add(1, Ordering::AcqRel);
                 self.failures.store(0, Ordering::Release);
                 return Some((BreakerState::Closed, BreakerState::Open));
             }
@@ -188,6 +209,13 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    /// A call let through now.
+    fn call(b: &Breaker) -> Permit {
+        let (p, _) = b.permit();
+        assert!(matches!(p, Permit::Call { .. }), "{p:?}");
+        p
+    }
+
     #[test]
     fn opens_after_threshold_and_lets_one_probe_through() {
         let b = Breaker::new(BreakerConfig {
@@ -195,10 +223,10 @@ mod tests {
             probe_interval: Duration::ZERO,
         });
         for _ in 0..2 {
-            assert_eq!(b.on_failure(Permit::Call), None);
+            assert_eq!(b.on_failure(call(&b)), None);
         }
         assert_eq!(
-            b.on_failure(Permit::Call),
+            b.on_failure(call(&b)),
             Some((BreakerState::Closed, BreakerState::Open))
         );
         let (first, t) = b.permit();
@@ -209,7 +237,7 @@ mod tests {
             b.on_success(first),
             Some((BreakerState::HalfOpen, BreakerState::Closed))
         );
-        assert_eq!(b.permit().0, Permit::Call);
+        call(&b);
     }
 
     #[test]
@@ -218,7 +246,7 @@ mod tests {
             failure_threshold: 1,
             probe_interval: Duration::from_secs(3600),
         });
-        b.on_failure(Permit::Call);
+        b.on_failure(call(&b));
         b.reopen_at.store(0, Ordering::Release); // the interval has passed
         assert_eq!(b.permit().0, Permit::Probe);
         assert_eq!(b.state(), BreakerState::HalfOpen);
@@ -235,7 +263,7 @@ mod tests {
             failure_threshold: 1,
             probe_interval: Duration::from_secs(3600),
         });
-        b.on_failure(Permit::Call);
+        b.on_failure(call(&b));
         assert_eq!(b.permit().0, Permit::Skip, "interval not elapsed");
         b.reopen_at.store(0, Ordering::Release);
         let (p, _) = b.permit();
@@ -245,5 +273,33 @@ mod tests {
             Some((BreakerState::HalfOpen, BreakerState::Open))
         );
         assert_eq!(b.permit().0, Permit::Skip);
+    }
+
+    /// Calls let through before the breaker opened, failing after a probe closed it again,
+    /// belong to the outage already handled: they do not reopen a breaker whose store answers.
+    #[test]
+    fn stragglers_of_a_handled_outage_do_not_reopen_it() {
+        let b = Breaker::new(BreakerConfig {
+            failure_threshold: 3,
+            probe_interval: Duration::ZERO,
+        });
+        let stragglers: Vec<Permit> = (0..10).map(|_| call(&b)).collect();
+        for _ in 0..3 {
+            b.on_failure(call(&b));
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+        let (probe, _) = b.permit();
+        assert_eq!(probe, Permit::Probe);
+        b.on_success(probe);
+        assert_eq!(b.state(), BreakerState::Closed);
+        for p in stragglers {
+            assert_eq!(b.on_failure(p), None);
+        }
+        assert_eq!(b.state(), BreakerState::Closed, "the store answers");
+        // a new outage still opens it
+        for _ in 0..3 {
+            b.on_failure(call(&b));
+        }
+        assert_eq!(b.state(), BreakerState::Open);
     }
 }

@@ -904,12 +904,6 @@ mod tests {
             .unwrap()
     }
 
-    /// Every decision builds the `check_key` future. It was 216 bytes before the breaker's
-    /// ticket and the deny cache's epoch were held across the store call; 320 with them (the
-    /// same whether the work around the call is split into synchronous functions or not); 328
-    /// since the policy in force is held by an `arc_swap` guard (16 bytes) instead of a
-    /// `&'static` to a policy leaked for the process's life (8). The bound catches growth past
-    /// that; the size is the type's, whatever the store.
     #[test]
     fn an_invalid_request_is_named_once() {
         let e = Error::Invalid(StoreError::InvalidPolicy(
@@ -920,13 +914,20 @@ mod tests {
         assert_eq!(text.matches("invalid").count(), 1, "{text}");
     }
 
+    /// Every decision builds the `check_key` future. It was 216 bytes before the breaker's
+    /// ticket and the deny cache's epoch were held across the store call; 320 with them (the
+    /// same whether the work around the call is split into synchronous functions or not); 328
+    /// since the policy in force is held by an `arc_swap` guard (16 bytes) instead of a
+    /// `&'static` to a policy leaked for the process's life (8); 344 since the breaker's permit
+    /// carries its open count (a `u32`, so that stragglers of a handled outage are not counted
+    /// again). The bound catches growth past that; the size is the type's, whatever the store.
     #[tokio::test]
     async fn a_decision_future_stays_small() {
         let limiter = local_limiter();
         let key = limiter.key(["k"]).unwrap();
         let call = limiter.check_key(&key, 1);
         let size = size_of_val(&call);
-        assert!(size <= 328, "{size} bytes");
+        assert!(size <= 344, "{size} bytes");
         assert!(call.await.unwrap().allowed);
     }
 
