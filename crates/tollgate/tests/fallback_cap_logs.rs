@@ -3,10 +3,12 @@
 //! (the breaker is open: nothing else would). Alone in its test binary, as `key_cap_logs.rs`
 //! (a thread-scoped subscriber and tracing's process-wide callsite interest).
 
+mod flood;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebuggingRecorder;
 use tollgate::{Enforcement, Error, FailureMode, Limiter, LocalStore, Policy};
 use tollgate_redis::RedisStore;
 
@@ -59,32 +61,9 @@ fn a_new_key_flood_at_the_fallbacks_cap_is_logged_boundedly_and_counted_fully() 
     let elapsed = started.elapsed();
 
     let logged = lines.matching(&["degraded local limiter failed too"]);
-    eprintln!(
-        "{} error line(s) for {FLOOD} failures of the fallback in {elapsed:?}",
-        logged.len()
-    );
-    for l in &logged {
-        eprintln!("  {l}");
-    }
-    let bound = 1 + elapsed.as_secs().div_ceil(10) as usize;
-    assert!(
-        !logged.is_empty() && logged.len() <= bound,
-        "{} lines, bound {bound}",
-        logged.len()
-    );
-    assert!(logged[0].contains("suppressed=0"), "{}", logged[0]);
+    flood::assert_logged_boundedly("error", &logged, FLOOD, elapsed);
 
-    let snapshot = snapshotter.snapshot().into_vec();
-    let counter = |name: &str, label: (&str, &str)| {
-        snapshot.iter().find_map(|(key, _, _, value)| {
-            let key = key.key();
-            let matches = key.name() == name && key.labels().any(|l| (l.key(), l.value()) == label);
-            match (matches, value) {
-                (true, DebugValue::Counter(n)) => Some(*n),
-                _ => None,
-            }
-        })
-    };
+    let counter = flood::counters(&snapshotter);
     assert_eq!(
         counter("tollgate_fallback_errors_total", ("class", "capacity")),
         Some(FLOOD as u64)

@@ -3,10 +3,12 @@
 //! its test binary: a thread-scoped subscriber misses events whose callsite another test's
 //! thread registers first (tracing's callsite interest is process-wide).
 
+mod flood;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebuggingRecorder;
 use tollgate::{Enforcement, FailureMode, Limiter, LocalStore, Policy};
 
 const CAP: usize = 4;
@@ -53,33 +55,9 @@ fn a_new_key_flood_at_the_cap_is_logged_boundedly_and_counted_fully() {
     let elapsed = started.elapsed();
 
     let logged = lines.matching(&["cannot hold a new key"]);
-    eprintln!(
-        "{} warning line(s) for {FLOOD} refusals in {elapsed:?}",
-        logged.len()
-    );
-    for l in &logged {
-        eprintln!("  {l}");
-    }
-    // One line, plus at most one per 10 s interval the run took.
-    let bound = 1 + elapsed.as_secs().div_ceil(10) as usize;
-    assert!(
-        !logged.is_empty() && logged.len() <= bound,
-        "{} lines, bound {bound}",
-        logged.len()
-    );
-    assert!(logged[0].contains("suppressed=0"), "{}", logged[0]);
+    flood::assert_logged_boundedly("warning", &logged, FLOOD, elapsed);
 
-    let snapshot = snapshotter.snapshot().into_vec();
-    let counter = |name: &str, label: (&str, &str)| {
-        snapshot.iter().find_map(|(key, _, _, value)| {
-            let key = key.key();
-            let matches = key.name() == name && key.labels().any(|l| (l.key(), l.value()) == label);
-            match (matches, value) {
-                (true, DebugValue::Counter(n)) => Some(*n),
-                _ => None,
-            }
-        })
-    };
+    let counter = flood::counters(&snapshotter);
     assert_eq!(
         counter("tollgate_store_errors_total", ("class", "capacity")),
         Some(FLOOD as u64)
