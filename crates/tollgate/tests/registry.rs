@@ -63,16 +63,25 @@ async fn publish_is_atomic_and_never_goes_back_a_generation() {
 }
 
 async fn instance(server: &RedisServer, policy: Policy) -> Limiter {
+    instance_with(server, policy, None).await
+}
+
+/// An instance with a deny cache of `deny_cache` entries, if any.
+async fn instance_with(server: &RedisServer, policy: Policy, deny_cache: Option<usize>) -> Limiter {
     let store = RedisStore::builder(server.url())
         .timeout(TIMEOUT)
         .build()
         .await
         .unwrap();
-    Limiter::builder("api", policy)
+    let builder = Limiter::builder("api", policy)
         .store(Arc::new(store))
-        .failure_mode(FailureMode::Closed)
-        .build()
-        .unwrap()
+        .failure_mode(FailureMode::Closed);
+    match deny_cache {
+        Some(n) => builder.deny_cache(n),
+        None => builder,
+    }
+    .build()
+    .unwrap()
 }
 
 /// Waits until every follower reports generation `g`; returns the time it took.
@@ -226,20 +235,10 @@ async fn a_follower_brings_every_limiter_to_the_publication_not_just_the_first()
 async fn a_reset_through_a_follower_clears_every_instances_deny_cache() {
     let server = RedisServer::start();
     let policy = spec("fixed-window:limit=1,window=1h");
-    let cached = async || {
-        let store = RedisStore::builder(server.url())
-            .timeout(TIMEOUT)
-            .build()
-            .await
-            .unwrap();
-        Limiter::builder("api", policy)
-            .store(Arc::new(store))
-            .failure_mode(FailureMode::Closed)
-            .deny_cache(100)
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (cached().await, cached().await);
+    let (a, b) = (
+        instance_with(&server, policy, Some(100)).await,
+        instance_with(&server, policy, Some(100)).await,
+    );
     let follow = async |l: &Limiter| {
         PolicyFollower::start(
             registry(&server).await,
