@@ -41,7 +41,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
 use axum::http::{Request, Response};
@@ -60,6 +60,8 @@ pub struct RateLimitLayer<K, C = FixedCost> {
     cost: C,
     responses: RateLimitResponses,
     enforcement: Arc<LastEnforcement>,
+    /// Shared by every service the layer builds (axum may build one per request).
+    misconfigured: Arc<AtomicBool>,
 }
 
 impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
@@ -74,6 +76,7 @@ impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
             cost: FixedCost::default(),
             responses,
             enforcement: Arc::default(),
+            misconfigured: Arc::default(),
         }
     }
 }
@@ -87,6 +90,7 @@ impl<K: KeyExtractor, C: CostFn> RateLimitLayer<K, C> {
             cost,
             responses: self.responses,
             enforcement: self.enforcement,
+            misconfigured: self.misconfigured,
         }
     }
 
@@ -120,6 +124,7 @@ impl<S, K: KeyExtractor, C: CostFn> Layer<S> for RateLimitLayer<K, C> {
                 cost: self.cost.clone(),
                 responses: self.responses.clone(),
                 enforcement: self.enforcement.clone(),
+                misconfigured: self.misconfigured.clone(),
             }),
         }
     }
@@ -148,6 +153,25 @@ struct Shared<K, C> {
     cost: C,
     responses: RateLimitResponses,
     enforcement: Arc<LastEnforcement>,
+    /// The route answered 500 for its own misconfiguration (a cost of 0, a fixed cost above
+    /// the policy's capacity) since it last decided a request: logged once per such spell,
+    /// not on every request (each is still counted).
+    misconfigured: Arc<AtomicBool>,
+}
+
+impl<K, C> Shared<K, C> {
+    /// Whether to log this misconfigured request: the first since the route last decided one.
+    fn first_misconfigured(&self) -> bool {
+        !self.misconfigured.swap(true, Ordering::Relaxed)
+    }
+
+    /// The route decided a request: a later misconfiguration is logged again. A plain read
+    /// while nothing changes.
+    fn decided(&self) {
+        if self.misconfigured.load(Ordering::Relaxed) {
+            self.misconfigured.store(false, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The enforcement of a route's last decision, so that a change is logged once rather than
@@ -231,7 +255,9 @@ where
             if cost == 0 {
                 // The cost function broke its contract (at least 1): the server's
                 // misconfiguration, so not the client's 400.
-                tracing::error!(target: "tollgate_http", route, "the route's cost function returned 0 (costs are at least 1); answering 500");
+                if shared.first_misconfigured() {
+                    tracing::error!(target: "tollgate_http", route, "the route's cost function returned 0 (costs are at least 1); answering 500 (logged again once the route has decided a request)");
+                }
                 count(route, 500, "none");
                 return Ok(crate::response::misconfigured());
             }
@@ -244,7 +270,9 @@ where
                         // The route's own fixed cost can never pass its policy (as built, or
                         // since a policy change): the server's misconfiguration, not the
                         // client's 413.
-                        tracing::error!(target: "tollgate_http", route, error = %e, "the route's fixed cost exceeds its policy's capacity, so no request can pass; answering 500");
+                        if shared.first_misconfigured() {
+                            tracing::error!(target: "tollgate_http", route, error = %e, "the route's fixed cost exceeds its policy's capacity, so no request can pass; answering 500 (logged again once the route has decided a request)");
+                        }
                         count(route, 500, "none");
                         return Ok(crate::response::misconfigured());
                     }
@@ -254,6 +282,7 @@ where
                     return Ok(response);
                 }
             };
+            shared.decided();
             shared.enforcement.observe(route, decision.enforcement);
             if !decision.allowed {
                 count(route, 429, decision.enforcement.as_str());
