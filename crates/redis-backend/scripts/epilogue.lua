@@ -13,9 +13,14 @@ if keep then
   -- old parameters govern until the key expires (a deferral pending or starting): a fresh
   -- bucket admits the caller's cost then, so no wait or reset reaches past the first
   -- microsecond the key is gone (tollgate_core::algorithm::cap_at_expiry)
-  local gone = (redis.call('PEXPIRETIME', K[1]) + 1) * 1000 - now
-  if retry > gone then retry = gone end
-  if reset > gone then reset = gone end
+  -- (a key without an expiry, which only a hand-made PERSIST can leave, is not capped)
+  local at = redis.call('PEXPIRETIME', K[1])
+  if at >= 0 then
+    local gone = (at + 1) * 1000 - now
+    if gone < 0 then gone = 0 end
+    if retry > gone then retry = gone end
+    if reset > gone then reset = gone end
+  end
 end
 if rec then
   if keep then
