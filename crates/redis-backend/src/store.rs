@@ -17,9 +17,16 @@ use crate::connection::Conn;
 use crate::error::{classify, is_noscript};
 use crate::scripts::{self, BucketKey, Call, Invocation};
 
-/// How long before a batch's deadline a cluster command still unanswered fails on its own (at
-/// most a tenth of the time left): the margin for the other nodes' replies to be returned.
+/// How long before a batch's deadline a cluster command still unanswered fails on its own:
+/// the margin for the other nodes' replies to be returned. A tenth of the time left, from
+/// `MIN_CUT_MARGIN` (two ticks of tokio's 1 ms timer, so that the cut never fires in the
+/// deadline's tick) to `CUT_MARGIN`, and never more than half the time left.
 const CUT_MARGIN: Duration = Duration::from_millis(10);
+const MIN_CUT_MARGIN: Duration = Duration::from_millis(2);
+
+fn cut_margin(left: Duration) -> Duration {
+    (left / 10).clamp(MIN_CUT_MARGIN, CUT_MARGIN).min(left / 2)
+}
 
 /// A [`Store`] backed by Redis.
 ///
@@ -311,13 +318,14 @@ impl Store for RedisStore {
     /// Each request has its own result: one refused or failed request does not discard the
     /// decisions made for the others.
     async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
-        self.acquire_many_by(requests, std::time::Instant::now() + self.inner.timeout)
-            .await
+        // tokio's clock, as the deadline is compared with it (they differ when a test pauses it)
+        let deadline = (tokio::time::Instant::now() + self.inner.timeout).into_std();
+        self.acquire_many_by(requests, deadline).await
     }
 
     /// As [`RedisStore::acquire_many`], ending by the earlier of `deadline` and the store's
     /// own. On a cluster each command is also cut a little before then (a tenth of the time
-    /// left, at most 10 ms), so that the commands a hung node holds fail alone and the other
+    /// left, from 2 ms to 10 ms and at most half of it), so that the commands a hung node holds fail alone and the other
     /// nodes' replies are returned before either deadline would discard them all.
     async fn acquire_many_by(
         &self,
@@ -333,7 +341,7 @@ impl Store for RedisStore {
         let now = tokio::time::Instant::now();
         let at = (now + self.inner.timeout).min(tokio::time::Instant::from_std(deadline));
         let left = at.saturating_duration_since(now);
-        let cut = at - (left / 10).min(CUT_MARGIN);
+        let cut = at - cut_margin(left);
         tokio::time::timeout_at(at, self.invoke_many(requests, cut))
             .await
             .unwrap_or(Err(StoreError::Timeout(left)))
@@ -361,6 +369,16 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cut_leaves_two_timer_ticks_and_at_most_half_the_time() {
+        let ms = Duration::from_millis;
+        assert_eq!(cut_margin(ms(300)), ms(10));
+        assert_eq!(cut_margin(ms(50)), ms(5));
+        assert_eq!(cut_margin(ms(8)), ms(2));
+        assert_eq!(cut_margin(ms(2)), ms(1));
+        assert_eq!(cut_margin(Duration::ZERO), Duration::ZERO);
+    }
 
     /// Every decision builds this future, moves it and boxes it (`async_trait`). It used to be
     /// 4,288 bytes (the cluster's and Sentinel's calls inline, and the argument of an `async

@@ -193,18 +193,20 @@ impl PolicyFollower {
     /// opt-in deny cache elsewhere in the fleet would otherwise keep denying the key until its
     /// cached deadline. An announcement that fails (the registry unreachable) is an error after
     /// the reset itself succeeded: the other instances' caches then hold their denials until
-    /// their deadlines at the latest.
+    /// their deadlines at the latest; so are announcements a follower misses while its
+    /// subscription is down (its poll recovers publications, not resets).
     pub async fn reset<I, P>(&self, limiter: &Limiter, parts: I) -> Result<(), ResetError>
     where
         I: IntoIterator<Item = P>,
         P: AsRef<[u8]>,
     {
         let key = limiter.key(parts)?;
-        limiter.reset_key(&key).await?;
-        self.registry
-            .announce_reset(&self.name, key.as_str())
-            .await
-            .map_err(ResetError::Announce)?;
+        let reset = limiter.reset_key(&key).await;
+        // Announced even when the reset failed: one that timed out may have run in Redis, and
+        // an instance forgetting a cached denial early only asks Redis again.
+        let announced = self.registry.announce_reset(&self.name, key.as_str()).await;
+        reset?;
+        announced.map_err(ResetError::Announce)?;
         Ok(())
     }
 
