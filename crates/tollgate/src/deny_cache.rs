@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use tollgate_core::{Decision, Key, Policy};
 
+use crate::log_throttle::Gate;
+
 struct Entry {
     until: Instant,
     min_cost: u64,
@@ -40,12 +42,10 @@ pub(crate) struct DenyCache {
     /// Bumped by every [`DenyCache::remove`] (a reset), before the entry goes: a denial decided
     /// before the reset but answered after it must not be cached again.
     epoch: AtomicU64,
-    /// When the cache was made: the origin of `next_sweep`.
-    born: Instant,
-    /// Microseconds after `born` before which a full cache is not swept again: a sweep walks
-    /// every entry under every shard's write lock, and a flood of new denied keys must not pay
-    /// one per denial.
-    next_sweep: AtomicU64,
+    /// Lets a full cache be swept at most once per [`FULL_SWEEP_GAP`]: a sweep walks every
+    /// entry under every shard's write lock, and a flood of new denied keys must not pay one
+    /// per denial.
+    sweeps: Gate,
 }
 
 /// Least time between two sweeps of a full cache (as `LocalStore`'s sweep at its key cap).
@@ -57,26 +57,8 @@ impl DenyCache {
             entries: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             max_entries,
             epoch: AtomicU64::new(0),
-            born: Instant::now(),
-            next_sweep: AtomicU64::new(0),
+            sweeps: Gate::new(FULL_SWEEP_GAP),
         }
-    }
-
-    /// Whether a full cache may be swept at `now` (at most once per [`FULL_SWEEP_GAP`]; of
-    /// racing callers, one sweeps).
-    fn sweep_due(&self, now: Instant) -> bool {
-        let t = now.saturating_duration_since(self.born).as_micros() as u64;
-        let next = self.next_sweep.load(Ordering::Acquire);
-        t >= next
-            && self
-                .next_sweep
-                .compare_exchange(
-                    next,
-                    t + FULL_SWEEP_GAP.as_micros() as u64,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
     }
 
     /// The epoch to pass to [`DenyCache::insert`]: read before the store is called.
@@ -135,7 +117,7 @@ impl DenyCache {
             // Full: drop what has lapsed (at most once per gap); if nothing has, or a sweep is
             // not due, do not cache (never unbounded, and never a sweep per denial).
             let now = Instant::now();
-            if !self.sweep_due(now) {
+            if !self.sweeps.pass(now) {
                 return;
             }
             self.entries.retain(|_, e| now < e.until);
@@ -281,11 +263,15 @@ mod tests {
     #[test]
     fn a_full_cache_is_swept_at_most_once_per_gap() {
         let cache = DenyCache::new(1);
-        let t = cache.born;
-        assert!(cache.sweep_due(t), "the first sweep is due at once");
-        assert!(!cache.sweep_due(t), "not again at once");
-        assert!(!cache.sweep_due(t + Duration::from_micros(99_999)));
-        assert!(cache.sweep_due(t + FULL_SWEEP_GAP));
-        assert!(!cache.sweep_due(t + FULL_SWEEP_GAP + Duration::from_millis(1)));
+        let t = cache.sweeps.epoch;
+        assert!(cache.sweeps.pass(t), "the first sweep is due at once");
+        assert!(!cache.sweeps.pass(t), "not again at once");
+        assert!(!cache.sweeps.pass(t + Duration::from_micros(99_999)));
+        assert!(cache.sweeps.pass(t + FULL_SWEEP_GAP));
+        assert!(
+            !cache
+                .sweeps
+                .pass(t + FULL_SWEEP_GAP + Duration::from_millis(1))
+        );
     }
 }
