@@ -576,18 +576,17 @@ impl Limiter {
 
     /// [`Limiter::reset`] for a key built by [`Limiter::key`].
     pub async fn reset_key(&self, key: &Key) -> Result<(), Error> {
-        let key = key.clone();
         let inner = &*self.inner;
         if let Some(cache) = &inner.deny_cache {
-            cache.remove(&key);
+            cache.remove(key);
         }
         let policy = self.policy();
-        let call = inner.store.reset(&key, &policy);
+        let call = inner.store.reset(key, &policy);
         let result = tokio::time::timeout(inner.timeout, call).await;
         if let Some(cache) = &inner.deny_cache {
             // Again once the store has forgotten the bucket: a request sent during the reset's
             // round trip read the epoch bumped above and may have met the bucket before it went.
-            cache.remove(&key);
+            cache.remove(key);
         }
         match result {
             Ok(Ok(())) => Ok(()),
@@ -715,9 +714,9 @@ impl Limiter {
 
     /// A degraded failure mode's answer, from `local` under this instance's share of the
     /// quota; `Err(())` when the local store fails too.
-    fn decide_locally<L: DecideNow + ?Sized>(
+    fn decide_locally(
         &self,
-        local: &L,
+        local: &dyn DecideNow,
         key: &Key,
         cost: u64,
         error: &StoreError,
