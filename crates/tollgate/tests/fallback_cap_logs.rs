@@ -6,9 +6,8 @@
 mod flood;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use metrics_util::debugging::DebuggingRecorder;
 use tollgate::{Enforcement, Error, FailureMode, Limiter, LocalStore, Policy};
 use tollgate_redis::RedisStore;
 
@@ -17,48 +16,36 @@ const CAP: usize = 4;
 #[test]
 fn a_new_key_flood_at_the_fallbacks_cap_is_logged_boundedly_and_counted_fully() {
     const FLOOD: usize = 1000;
-    let (lines, _logs) = tollgate_testkit::logs::capture();
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+    let (lines, snapshotter, elapsed) = flood::run(async || {
+        // Redis is down for the whole run: a loopback port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+            .timeout(Duration::from_millis(50))
+            .build_lazy()
+            .await
+            .unwrap();
+        let local = Arc::new(LocalStore::builder().max_keys(CAP).build());
+        let limiter = Limiter::builder(
+            "capped",
+            Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
+        )
+        .store(Arc::new(store))
+        .failure_mode(FailureMode::degraded_with(local, 1))
         .build()
         .unwrap();
-
-    let started = Instant::now();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            // Redis is down for the whole run: a loopback port nothing listens on.
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
-                .timeout(Duration::from_millis(50))
-                .build_lazy()
-                .await
-                .unwrap();
-            let local = Arc::new(LocalStore::builder().max_keys(CAP).build());
-            let limiter = Limiter::builder(
-                "capped",
-                Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
-            )
-            .store(Arc::new(store))
-            .failure_mode(FailureMode::degraded_with(local, 1))
-            .build()
-            .unwrap();
-            for i in 0..CAP {
-                let d = limiter.check([format!("held{i}")], 1).await.unwrap();
-                assert_eq!(d.enforcement, Enforcement::Degraded);
-            }
-            for i in 0..FLOOD {
-                let e = limiter.check([format!("new{i}")], 1).await.unwrap_err();
-                assert!(matches!(e, Error::Unavailable { .. }), "{e}");
-            }
-        });
+        for i in 0..CAP {
+            let d = limiter.check([format!("held{i}")], 1).await.unwrap();
+            assert_eq!(d.enforcement, Enforcement::Degraded);
+        }
+        for i in 0..FLOOD {
+            let e = limiter.check([format!("new{i}")], 1).await.unwrap_err();
+            assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+        }
     });
-    let elapsed = started.elapsed();
 
     let logged = lines.matching(&["degraded local limiter failed too"]);
     flood::assert_logged_boundedly("error", &logged, FLOOD, elapsed);

@@ -6,9 +6,8 @@
 mod flood;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use metrics_util::debugging::DebuggingRecorder;
 use tollgate::{Enforcement, FailureMode, Limiter, LocalStore, Policy};
 
 const CAP: usize = 4;
@@ -31,28 +30,16 @@ fn limiter(mode: FailureMode) -> Limiter {
 #[test]
 fn a_new_key_flood_at_the_cap_is_logged_boundedly_and_counted_fully() {
     const FLOOD: usize = 1000;
-    let (lines, _logs) = tollgate_testkit::logs::capture();
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-
-    let started = Instant::now();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let limiter = limiter(FailureMode::Open);
-            for i in 0..CAP {
-                limiter.check([format!("held{i}")], 1).await.unwrap();
-            }
-            for i in 0..FLOOD {
-                let d = limiter.check([format!("new{i}")], 1).await.unwrap();
-                assert_eq!(d.enforcement, Enforcement::Bypassed);
-            }
-        });
+    let (lines, snapshotter, elapsed) = flood::run(async || {
+        let limiter = limiter(FailureMode::Open);
+        for i in 0..CAP {
+            limiter.check([format!("held{i}")], 1).await.unwrap();
+        }
+        for i in 0..FLOOD {
+            let d = limiter.check([format!("new{i}")], 1).await.unwrap();
+            assert_eq!(d.enforcement, Enforcement::Bypassed);
+        }
     });
-    let elapsed = started.elapsed();
 
     let logged = lines.matching(&["cannot hold a new key"]);
     flood::assert_logged_boundedly("warning", &logged, FLOOD, elapsed);

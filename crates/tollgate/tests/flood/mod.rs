@@ -1,9 +1,25 @@
 //! Checks shared by the tests that flood a limiter with new keys at a key cap: the line that
 //! reports it is written boundedly, and the metrics count every occurrence.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use metrics_util::debugging::{DebugValue, Snapshotter};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate_testkit::logs::Captured;
+
+/// Runs `flood` on a current-thread runtime with this thread's log lines captured and a local
+/// metrics recorder: the lines, the recorder's snapshotter, and how long the flood took.
+pub fn run<F: Future<Output = ()>>(flood: impl FnOnce() -> F) -> (Captured, Snapshotter, Duration) {
+    let (lines, _logs) = tollgate_testkit::logs::capture();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    metrics::with_local_recorder(&recorder, || runtime.block_on(flood()));
+    (lines, snapshotter, started.elapsed())
+}
 
 /// `logged` (the lines that report the flood) holds one line, plus at most one per 10 s the
 /// run took, and the first counts nothing held back before it.
