@@ -150,9 +150,9 @@ async fn independent_stores_never_admit_more_than_the_policy_on_a_cluster() {
         .map(|i| Key::new("exact", [format!("k{i}")]).unwrap())
         .collect();
     let probe = store(urls.clone()).await;
-    let nodes: BTreeSet<usize> = many
-        .iter()
-        .map(|k| cluster.node_for_slot(RedisCluster::slot_of(probe.redis_key(k, &policy))))
+    let nodes: BTreeSet<usize> = cluster
+        .nodes_for_keys(many.iter().map(|k| probe.redis_key(k, &policy)))
+        .into_iter()
         .collect();
     assert_eq!(nodes.len(), 3, "the keys spread over every primary");
     let admitted = hammer(&urls, &many, policy, 20).await;
@@ -173,9 +173,9 @@ async fn a_batch_spanning_every_primary_is_decided_in_order() {
     let keys: Vec<Key> = (0..12)
         .map(|i| Key::new("batch", [format!("k{i}")]).unwrap())
         .collect();
-    let nodes: BTreeSet<usize> = keys
-        .iter()
-        .map(|k| cluster.node_for_slot(RedisCluster::slot_of(store.redis_key(k, &policy))))
+    let nodes: BTreeSet<usize> = cluster
+        .nodes_for_keys(keys.iter().map(|k| store.redis_key(k, &policy)))
+        .into_iter()
         .collect();
     assert_eq!(nodes.len(), 3);
     // Each key twice, cost 2: the first is admitted, the second denied (1 left < 2).

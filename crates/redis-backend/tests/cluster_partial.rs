@@ -33,10 +33,7 @@ impl Fixture {
         let keys: Vec<Key> = (0..12)
             .map(|i| Key::new("partial", [format!("k{i}")]).unwrap())
             .collect();
-        let node_of: Vec<usize> = keys
-            .iter()
-            .map(|k| cluster.node_for_slot(RedisCluster::slot_of(store.redis_key(k, &policy))))
-            .collect();
+        let node_of = cluster.nodes_for_keys(keys.iter().map(|k| store.redis_key(k, &policy)));
         assert_eq!(node_of.iter().collect::<BTreeSet<_>>().len(), 3);
         let f = Self {
             cluster,

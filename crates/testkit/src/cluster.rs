@@ -206,6 +206,17 @@ impl RedisCluster {
             .expect("every slot has a tag among the candidates")
     }
 
+    /// Index of the node that owns each of `keys` (Redis keys, as a store writes them), by
+    /// [`Self::slot_of`] and [`Self::node_for_slot`].
+    ///
+    /// # Panics
+    /// As [`Self::node_for_slot`].
+    pub fn nodes_for_keys<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) -> Vec<usize> {
+        keys.into_iter()
+            .map(|key| self.node_for_slot(Self::slot_of(key)))
+            .collect()
+    }
+
     /// Index of the node that owns `slot`, according to node 0's `CLUSTER SLOTS` (or the first
     /// node that answers).
     ///

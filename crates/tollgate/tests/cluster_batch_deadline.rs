@@ -32,10 +32,7 @@ async fn a_hung_primary_costs_only_its_own_keys(
     let keys: Vec<_> = (0..12)
         .map(|i| limiter.key([format!("k{i}")]).unwrap())
         .collect();
-    let node_of: Vec<usize> = keys
-        .iter()
-        .map(|k| cluster.node_for_slot(RedisCluster::slot_of(store.redis_key(k, &policy))))
-        .collect();
+    let node_of = cluster.nodes_for_keys(keys.iter().map(|k| store.redis_key(k, &policy)));
     assert_eq!(node_of.iter().collect::<BTreeSet<_>>().len(), 3);
     for r in limiter.check_many(&keys, 1).await.unwrap() {
         assert_eq!(r.unwrap().enforcement, Enforcement::Shared);

@@ -2,26 +2,11 @@
 //! limiting off for the keys already held. The cap refuses only the new key (its request takes
 //! the failure mode), and the circuit breaker does not count it as an outage.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod capped;
 
-use tollgate::{
-    BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, LocalStore, Policy,
-};
+use tollgate::{BreakerState, Enforcement, Error, ErrorClass, FailureMode};
 
-const CAP: usize = 4;
-
-fn limiter(mode: FailureMode) -> Limiter {
-    let store = LocalStore::builder().max_keys(CAP).build();
-    Limiter::builder(
-        "capped",
-        Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
-    )
-    .store(Arc::new(store))
-    .failure_mode(mode)
-    .build()
-    .unwrap()
-}
+use capped::{CAP, limiter};
 
 #[tokio::test]
 async fn a_key_rotation_flood_does_not_bypass_held_keys() {

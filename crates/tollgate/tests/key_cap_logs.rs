@@ -3,26 +3,12 @@
 //! its test binary: a thread-scoped subscriber misses events whose callsite another test's
 //! thread registers first (tracing's callsite interest is process-wide).
 
+mod capped;
 mod flood;
 
-use std::sync::Arc;
-use std::time::Duration;
+use tollgate::{Enforcement, FailureMode};
 
-use tollgate::{Enforcement, FailureMode, Limiter, LocalStore, Policy};
-
-const CAP: usize = 4;
-
-fn limiter(mode: FailureMode) -> Limiter {
-    let store = LocalStore::builder().max_keys(CAP).build();
-    Limiter::builder(
-        "capped",
-        Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
-    )
-    .store(Arc::new(store))
-    .failure_mode(mode)
-    .build()
-    .unwrap()
-}
+use capped::{CAP, limiter};
 
 /// The breaker does not count key-cap refusals, so nothing else bounds their warning: a flood
 /// of new keys gets one line per interval (10 s), not one per request, while the metrics count
