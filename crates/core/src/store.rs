@@ -17,6 +17,23 @@ pub struct Acquire<'a> {
     pub cost: u64,
 }
 
+impl<'a> Acquire<'a> {
+    /// A request for `cost` units of `key`'s bucket under `policy`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Acquire, Key, Policy};
+    /// let key = Key::global("search");
+    /// let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    /// let request = Acquire::new(&key, &policy, 2);
+    /// assert_eq!(request.cost, 2);
+    /// ```
+    #[must_use]
+    pub const fn new(key: &'a Key, policy: &'a Policy, cost: u64) -> Self {
+        Self { key, policy, cost }
+    }
+}
+
 /// The results of [`Store::acquire_many`]: one per request, in order.
 pub type Batch = Vec<Result<Decision, StoreError>>;
 

@@ -755,36 +755,12 @@ pub async fn acquire_many_returns_one_decision_per_request_in_order<H: Harness>(
         };
         let (a, b, c) = (key(call, "a"), key(call, "b"), key(call, "c"));
         let requests = [
-            Acquire {
-                key: &a,
-                policy: &tbp,
-                cost: 3,
-            },
-            Acquire {
-                key: &a,
-                policy: &tbp,
-                cost: 3,
-            },
-            Acquire {
-                key: &b,
-                policy: &fwp,
-                cost: 5,
-            },
-            Acquire {
-                key: &a,
-                policy: &tbp,
-                cost: 2,
-            },
-            Acquire {
-                key: &c,
-                policy: &slp,
-                cost: 1,
-            },
-            Acquire {
-                key: &b,
-                policy: &fwp,
-                cost: 1,
-            },
+            Acquire::new(&a, &tbp, 3),
+            Acquire::new(&a, &tbp, 3),
+            Acquire::new(&b, &fwp, 5),
+            Acquire::new(&a, &tbp, 2),
+            Acquire::new(&c, &slp, 1),
+            Acquire::new(&b, &fwp, 1),
         ];
         let batch = if by_deadline {
             let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
@@ -854,21 +830,9 @@ pub async fn acquire_many_with_an_invalid_request_writes_nothing<H: Harness>(h: 
         key("batch-invalid", "c"),
     );
     let requests = [
-        Acquire {
-            key: &a,
-            policy: &tbp,
-            cost: 3,
-        },
-        Acquire {
-            key: &b,
-            policy: &fwp,
-            cost: 5,
-        },
-        Acquire {
-            key: &c,
-            policy: &slp,
-            cost: 6,
-        },
+        Acquire::new(&a, &tbp, 3),
+        Acquire::new(&b, &fwp, 5),
+        Acquire::new(&c, &slp, 6),
     ];
     let got = h.store().acquire_many(&requests).await;
     assert!(
@@ -881,18 +845,7 @@ pub async fn acquire_many_with_an_invalid_request_writes_nothing<H: Harness>(h: 
         ),
         "a batch with cost 6 on a limit of 5 should be InvalidPolicy, got {got:?}"
     );
-    let zero = [
-        Acquire {
-            key: &a,
-            policy: &tbp,
-            cost: 1,
-        },
-        Acquire {
-            key: &b,
-            policy: &fwp,
-            cost: 0,
-        },
-    ];
+    let zero = [Acquire::new(&a, &tbp, 1), Acquire::new(&b, &fwp, 0)];
     let got = h.store().acquire_many(&zero).await;
     assert!(
         matches!(got, Err(StoreError::InvalidPolicy(PolicyError::ZeroCost))),
