@@ -503,7 +503,10 @@ impl Limiter {
                     inner.meters.store_error(class);
                     let error = match class {
                         ErrorClass::Invalid => Error::Invalid(e),
-                        ErrorClass::Unavailable | ErrorClass::Busy => {
+                        // A store that cannot hold the batch's new keys refuses them as it
+                        // refuses one: each request takes the failure mode, and the breaker
+                        // does not count it (settled above).
+                        ErrorClass::Unavailable | ErrorClass::Busy | ErrorClass::Capacity => {
                             self.warn_outage(class, &e, keys.len());
                             return Ok(keys
                                 .iter()
@@ -771,6 +774,7 @@ fn same_class(e: &StoreError) -> StoreError {
     match e {
         StoreError::Busy(m) => StoreError::Busy(m.clone()),
         StoreError::Timeout(d) => StoreError::Timeout(*d),
+        StoreError::KeyCapReached { cap } => StoreError::KeyCapReached { cap: *cap },
         other => StoreError::Unavailable {
             message: other.to_string(),
             source: None,

@@ -93,3 +93,78 @@ async fn a_batch_answered_with_the_wrong_number_of_results_is_an_error() {
         }
     }
 }
+
+/// Refuses every batch as a whole for want of room (a store at its key cap that decides a
+/// batch all or nothing); single calls go through.
+struct FullStore {
+    inner: LocalStore,
+}
+
+#[async_trait]
+impl Store for FullStore {
+    async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.acquire(key, policy, cost).await
+    }
+
+    async fn acquire_many(&self, _: &[Acquire<'_>]) -> Result<Batch, StoreError> {
+        Err(StoreError::KeyCapReached { cap: 4 })
+    }
+
+    async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.peek(key, policy, cost).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+}
+
+/// A batch refused as a whole by a store at its key cap is that refusal for each request: each
+/// takes the failure mode, as a single request refused by the cap does, and the breaker counts
+/// none of it (a flood of new keys must not switch limiting off for the keys already held).
+#[tokio::test]
+async fn a_batch_refused_whole_at_the_key_cap_takes_the_failure_mode_per_request() {
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    for mode in [FailureMode::Open, FailureMode::Closed] {
+        let what = mode.as_str();
+        let limiter = Limiter::builder("full", policy.clone())
+            .store(Arc::new(FullStore {
+                inner: LocalStore::new(),
+            }))
+            .failure_mode(mode.clone())
+            .build()
+            .unwrap();
+        let keys: Vec<Key> = ["a", "b", "c"]
+            .iter()
+            .map(|k| limiter.key([k]).unwrap())
+            .collect();
+        // Far more refused batches than the breaker's threshold of failures in a row.
+        for _ in 0..20 {
+            let out = limiter
+                .check_many(&keys, 1)
+                .await
+                .expect("per-request results");
+            assert_eq!(out.len(), 3, "{what}");
+            for r in &out {
+                match (&mode, r) {
+                    (FailureMode::Open, Ok(d)) => {
+                        assert!(d.allowed, "{what}: {d:?}");
+                        assert_eq!(d.enforcement, tollgate::Enforcement::Bypassed, "{what}");
+                    }
+                    (FailureMode::Closed, Err(Error::Unavailable { source, .. })) => {
+                        assert_eq!(source.class(), tollgate::ErrorClass::Capacity, "{what}");
+                    }
+                    _ => panic!("{what}: {r:?}"),
+                }
+            }
+        }
+        assert_eq!(
+            limiter.breaker_state(),
+            tollgate::BreakerState::Closed,
+            "{what}"
+        );
+        // The store itself answers single calls: limiting is still on.
+        let d = limiter.check(["a"], 1).await.unwrap();
+        assert_eq!(d.enforcement, tollgate::Enforcement::Shared, "{what}");
+    }
+}
