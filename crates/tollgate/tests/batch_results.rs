@@ -127,7 +127,7 @@ async fn a_batch_refused_whole_at_the_key_cap_takes_the_failure_mode_per_request
     let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
     for mode in [FailureMode::Open, FailureMode::Closed] {
         let what = mode.as_str();
-        let limiter = Limiter::builder("full", policy.clone())
+        let limiter = Limiter::builder("full", policy)
             .store(Arc::new(FullStore {
                 inner: LocalStore::new(),
             }))
