@@ -3,7 +3,7 @@
 //!
 //! Exact, not approximate: every algorithm here only ever *consumes* from a bucket between a
 //! denial and its `retry_after`, so nothing another instance does can make a request of the
-//! same or larger cost admissible earlier. Only a reset or a policy change can, and both
+//! same cost admissible earlier. Only a reset or a policy change can, and both
 //! invalidate the entry (the entry remembers the policy's fingerprint and generation, and
 //! [`crate::Limiter::reset`] removes it). The deadline is measured from when the request was
 //! *sent*, which is no later than when the store decided, so the cache never denies longer than
@@ -11,6 +11,10 @@
 //! on its own (Redis `TIME`): a Redis clock stepped forward can make the store admit the key
 //! before the cached deadline, and the cache denies it until then (exact while both clocks
 //! advance together).
+//!
+//! Only a request of the denied cost is answered: a larger cost is denied at least as long,
+//! but for longer (a token bucket must refill the difference too), and a cached answer would
+//! tell its client a `Retry-After` at which it is refused again.
 //!
 //! Invalidation across processes: a policy change made through another instance reaches this
 //! one as a publication in the policy registry, which its follower applies (the entry no
@@ -29,7 +33,7 @@ use crate::log_throttle::Gate;
 
 struct Entry {
     until: Instant,
-    min_cost: u64,
+    cost: u64,
     policy: (u64, u64),
     limit: u64,
     remaining: u64,
@@ -66,7 +70,7 @@ impl DenyCache {
         self.epoch.load(Ordering::SeqCst)
     }
 
-    /// A denial for `cost` on `key`, if one is cached and still in force at `now`.
+    /// A denial for `cost` on `key`, if one of that cost is cached and still in force at `now`.
     pub(crate) fn lookup(
         &self,
         key: &Key,
@@ -76,7 +80,7 @@ impl DenyCache {
     ) -> Option<Decision> {
         let hit = {
             let e = self.entries.get(key)?;
-            if now < e.until && cost >= e.min_cost && e.policy == identity(policy) {
+            if now < e.until && cost == e.cost && e.policy == identity(policy) {
                 Some(Decision {
                     allowed: false,
                     limit: e.limit,
@@ -127,7 +131,7 @@ impl DenyCache {
         }
         let entry = Entry {
             until: sent + retry,
-            min_cost: cost,
+            cost,
             policy: identity(policy),
             limit: decision.limit,
             remaining: decision.remaining,
@@ -139,17 +143,9 @@ impl DenyCache {
         if self.epoch.load(Ordering::SeqCst) != epoch {
             return;
         }
-        match slot {
-            dashmap::Entry::Occupied(mut o) => {
-                // A smaller denied cost covers more requests; keep the one that covers most.
-                if o.get().until <= entry.until || entry.min_cost <= o.get().min_cost {
-                    o.insert(entry);
-                }
-            }
-            dashmap::Entry::Vacant(v) => {
-                v.insert(entry);
-            }
-        }
+        // The newest denial replaces any other: of the same cost, it is as exact; of another,
+        // it is the cost being asked for now.
+        slot.insert(entry);
     }
 
     /// Forgets `key`'s denial, and any denial of it still in flight (see `epoch`).
@@ -187,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn answers_same_or_larger_costs_until_the_deadline_then_forgets() {
+    fn answers_the_same_cost_until_the_deadline_then_forgets() {
         let cache = DenyCache::new(100);
         let key = Key::new("op", ["k"]).unwrap();
         let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
@@ -198,8 +194,8 @@ mod tests {
             .unwrap();
         assert_eq!(hit.retry_after, Some(Duration::from_millis(400)));
         assert!(
-            cache.lookup(&key, &p, 5, t0).is_some(),
-            "a larger cost is denied too"
+            cache.lookup(&key, &p, 5, t0).is_none(),
+            "a larger cost waits longer: the store says how long"
         );
         assert!(
             cache.lookup(&key, &p, 2, t0).is_none(),

@@ -173,7 +173,8 @@ pub struct LimiterBuilder {
 impl LimiterBuilder {
     /// Opt in to a local cache of denials holding up to `max_entries` keys: a key the store
     /// denied until a known instant is then denied locally, with zero round trips, until that
-    /// instant (for requests of the same or a larger cost). Exact for every algorithm — between
+    /// instant (for requests of the same cost: a larger one is denied at least as long, but its
+    /// exact wait is the store's to compute, so it goes to the store). Exact for every algorithm — between
     /// a denial and its `retry_after` other instances can only consume — and invalidated by
     /// this limiter's [`Limiter::reset`] and by any policy change it follows (fingerprint or
     /// generation).

@@ -62,3 +62,41 @@ async fn a_denied_key_costs_no_round_trip_until_its_retry_instant() {
     limiter.reset(["mallory"]).await.unwrap();
     assert!(limiter.check(["mallory"], 1).await.unwrap().allowed);
 }
+
+/// A cached denial answers its own cost only: a larger cost must wait for more tokens, and
+/// the `retry_after` it is told (its `Retry-After`) is the store's, exact, not the smaller
+/// cost's — a client that waits as told is not refused again for want of the difference.
+#[tokio::test]
+async fn a_larger_cost_is_told_its_own_wait_not_the_cached_one() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let policy = Policy::token_bucket(10, tollgate::Rate::per_second(1)).unwrap();
+    let build = |cache: bool| {
+        let b = Limiter::builder("weighted", policy)
+            .store(Arc::new(store.clone()))
+            .failure_mode(FailureMode::Closed);
+        if cache { b.deny_cache(100) } else { b }.build().unwrap()
+    };
+    let (cached, plain) = (build(true), build(false));
+    assert!(cached.check(["k"], 10).await.unwrap().allowed);
+    let one = cached.check(["k"], 1).await.unwrap();
+    assert!(!one.allowed);
+    let five = cached.check(["k"], 5).await.unwrap();
+    let truth = plain.check(["k"], 5).await.unwrap();
+    eprintln!(
+        "cost 1: {:?}; cost 5 through the cache: {:?}; from the store: {:?}",
+        one.retry_after, five.retry_after, truth.retry_after
+    );
+    assert!(!five.allowed && !truth.allowed);
+    let (five, truth) = (five.retry_after.unwrap(), truth.retry_after.unwrap());
+    assert!(five > Duration::from_secs(4), "{five:?}");
+    assert!(
+        five.abs_diff(truth) < Duration::from_millis(100),
+        "{five:?} vs {truth:?}"
+    );
+    // Its own cost is now the cached one: answered locally, no round trip.
+    let before = script_calls(&server);
+    let again = cached.check(["k"], 5).await.unwrap();
+    assert!(!again.allowed && again.retry_after.unwrap() <= five);
+    assert_eq!(script_calls(&server), before);
+}
