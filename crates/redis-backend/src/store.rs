@@ -319,7 +319,7 @@ impl Store for RedisStore {
     /// decisions made for the others.
     async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         // tokio's clock, as the deadline is compared with it (they differ when a test pauses it)
-        let deadline = (tokio::time::Instant::now() + self.inner.timeout).into_std();
+        let deadline = deadline_in(tokio::time::Instant::now(), self.inner.timeout).into_std();
         self.acquire_many_by(requests, deadline).await
     }
 
@@ -339,7 +339,7 @@ impl Store for RedisStore {
             return Ok(Vec::new());
         }
         let now = tokio::time::Instant::now();
-        let at = (now + self.inner.timeout).min(tokio::time::Instant::from_std(deadline));
+        let at = deadline_in(now, self.inner.timeout).min(tokio::time::Instant::from_std(deadline));
         let left = at.saturating_duration_since(now);
         let cut = at - cut_margin(left);
         tokio::time::timeout_at(at, self.invoke_many(requests, cut))
@@ -364,6 +364,13 @@ impl Store for RedisStore {
         })
         .await
     }
+}
+
+/// `timeout` after `now`, or ~30 years after it when it is longer than the clock can represent
+/// (`Duration::MAX` for "no timeout", as `tokio::time::timeout` takes it), never a panic.
+fn deadline_in(now: tokio::time::Instant, timeout: Duration) -> tokio::time::Instant {
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
 }
 
 #[cfg(test)]

@@ -1104,3 +1104,25 @@ async fn records_hold_each_integer_size_in_its_smallest_encoding() {
     }
     assert_eq!(sizes, [true; 10], "each algorithm, each of the five sizes");
 }
+
+/// A store timeout of `Duration::MAX` (no timeout, as `tokio::time::timeout` takes it) serves
+/// batches as it serves single calls, rather than overflowing the batch's deadline.
+#[tokio::test]
+async fn batches_take_an_unbounded_store_timeout() {
+    let server = Server::start();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::MAX)
+        .build()
+        .await
+        .unwrap();
+    let p = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let (a, b) = (key("unbounded-a"), key("unbounded-b"));
+    assert!(store.acquire(&a, &p, 1).await.unwrap().allowed);
+    let batch = [Acquire::new(&a, &p, 1), Acquire::new(&b, &p, 1)];
+    let out = store.acquire_many(&batch).await.unwrap();
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|r| r.as_ref().unwrap().allowed), "{out:?}");
+    let far = std::time::Instant::now() + Duration::from_secs(60);
+    let out = store.acquire_many_by(&batch, far).await.unwrap();
+    assert!(out.iter().all(|r| r.as_ref().unwrap().allowed), "{out:?}");
+}

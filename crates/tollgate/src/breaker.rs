@@ -171,7 +171,8 @@ impl Breaker {
 
     /// Records an unavailable/busy result.
     pub(crate) fn on_failure(&self, permit: Permit) -> Transition {
-        let due = || self.now() + self.config.probe_interval.as_micros() as u64;
+        let interval = u64::try_from(self.config.probe_interval.as_micros()).unwrap_or(u64::MAX);
+        let due = || self.now().saturating_add(interval);
         if permit == Permit::Probe {
             // The state is half-open and this probe owns it: set the next probe's time first,
             // so no caller can see the breaker open with the old time.
@@ -238,6 +239,22 @@ mod tests {
             Some((BreakerState::HalfOpen, BreakerState::Closed))
         );
         call(&b);
+    }
+
+    /// A probe interval too long for the clock's microseconds ("never probe", `Duration::MAX`)
+    /// opens the breaker for good rather than overflowing.
+    #[test]
+    fn an_unbounded_probe_interval_keeps_the_breaker_open() {
+        let b = Breaker::new(BreakerConfig {
+            failure_threshold: 1,
+            probe_interval: Duration::MAX,
+        });
+        assert_eq!(
+            b.on_failure(call(&b)),
+            Some((BreakerState::Closed, BreakerState::Open))
+        );
+        assert_eq!(b.permit().0, Permit::Skip);
+        assert_eq!(b.state(), BreakerState::Open);
     }
 
     #[test]

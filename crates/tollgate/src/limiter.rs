@@ -471,7 +471,7 @@ impl Limiter {
                 .collect();
             // The store is told the deadline, so that a batch it spreads over several servers
             // returns the decisions made by then rather than losing them all to this timeout.
-            let deadline = tokio::time::Instant::now() + inner.timeout;
+            let deadline = deadline_in(inner.timeout);
             let call = inner.store.acquire_many_by(&requests, deadline.into_std());
             let batch = match tokio::time::timeout_at(deadline, call).await {
                 Ok(r) => r,
@@ -759,6 +759,15 @@ impl Limiter {
 const MIN_RETRY: Duration = Duration::from_millis(1);
 
 /// Whether the error means the store cannot answer now (the breaker counts it).
+/// `timeout` from now on tokio's clock, or ~30 years from now when it is longer than the clock
+/// can represent (a caller's `Duration::MAX` for "no timeout", as `tokio::time::timeout` takes
+/// it), never a panic.
+fn deadline_in(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+}
+
 fn is_outage(class: ErrorClass) -> bool {
     matches!(class, ErrorClass::Unavailable | ErrorClass::Busy)
 }

@@ -168,3 +168,23 @@ async fn a_batch_refused_whole_at_the_key_cap_takes_the_failure_mode_per_request
         assert_eq!(d.enforcement, tollgate::Enforcement::Shared, "{what}");
     }
 }
+
+/// A timeout of `Duration::MAX` (no timeout, as `tokio::time::timeout` takes it) serves a
+/// batch as it serves a single call, rather than overflowing the deadline.
+#[tokio::test]
+async fn a_batch_takes_an_unbounded_timeout() {
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let limiter = Limiter::builder("unbounded", policy)
+        .store(Arc::new(LocalStore::new()))
+        .timeout(Duration::MAX)
+        .failure_mode(FailureMode::Closed)
+        .build()
+        .unwrap();
+    assert!(limiter.check(["a"], 1).await.unwrap().allowed);
+    let keys: Vec<Key> = ["a", "b"]
+        .iter()
+        .map(|k| limiter.key([k]).unwrap())
+        .collect();
+    let out = limiter.check_many(&keys, 1).await.unwrap();
+    assert!(out.iter().all(|r| r.as_ref().unwrap().allowed), "{out:?}");
+}
