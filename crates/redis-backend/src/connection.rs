@@ -505,34 +505,82 @@ fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
     Some((host.to_owned(), port.parse().ok()?))
 }
 
-/// Sends every command of `pipe` at once, each routed to its own key's node: concurrent
-/// commands share each node's multiplexed connection, so a batch costs one round trip per node
-/// (the nodes in parallel). Commands are not sent as one cluster pipeline, because a
-/// redirection of one command would make the connection resend the whole pipeline, running
-/// the others twice. Plain error replies (`NOSCRIPT`, a script error) stay in place; a
-/// connection failure, or a cluster state that outlasts the redirections (`CLUSTERDOWN`,
-/// `TRYAGAIN`), fails that command alone. A command not answered by `cut` fails alone as timed
-/// out (an I/O error, class unavailable): it may have run, as any call that times out.
+/// Sends the commands of `pipe` to their keys' nodes, all keys at once: concurrent commands
+/// share each node's multiplexed connection, so a batch costs one round trip per node (the
+/// nodes in parallel). Commands on the same key go one after another, in the batch's order
+/// (each sent when the one before it has its reply), since concurrent commands on one node are
+/// not bound to arrive in the order they were issued, and a batch applies its requests in
+/// order. Commands are not sent as one cluster pipeline, because a redirection of one command
+/// would make the connection resend the whole pipeline, running the others twice. Plain error
+/// replies (`NOSCRIPT`, a script error) stay in place; a connection failure, or a cluster state
+/// that outlasts the redirections (`CLUSTERDOWN`, `TRYAGAIN`), fails that command alone. A
+/// command not answered by `cut` fails alone as timed out (an I/O error, class unavailable):
+/// it may have run, as any call that times out; a command whose turn comes after `cut` is
+/// not sent and fails the same way.
 async fn cluster_pipeline(
     cluster: &ClusterConnection,
     pipe: &Pipeline,
     cut: Option<tokio::time::Instant>,
 ) -> Vec<RedisResult<Value>> {
-    let calls = pipe.cmd_iter().map(|cmd| async move {
-        let call = cluster_command(cluster, cmd);
-        match cut {
-            Some(at) => tokio::time::timeout_at(at, call).await.unwrap_or_else(|_| {
-                Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no reply from the key's node before the batch's deadline",
-                )))
-            }),
-            None => call.await,
+    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+    // The commands of each key, in order; keys in order of first appearance.
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    let mut chain_of: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+    for (i, cmd) in cmds.iter().enumerate() {
+        match script_key(cmd) {
+            Some(key) => {
+                let next = chains.len();
+                let c = *chain_of.entry(key).or_insert(next);
+                if c == next {
+                    chains.push(Vec::new());
+                }
+                chains[c].push(i);
+            }
+            None => chains.push(vec![i]),
+        }
+    }
+    let timed_out = || {
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no reply from the key's node before the batch's deadline",
+        )))
+    };
+    let runs = chains.iter().map(|chain| {
+        let cmds = &cmds;
+        async move {
+            let mut replies = Vec::with_capacity(chain.len());
+            for &i in chain {
+                let call = cluster_command(cluster, cmds[i]);
+                let reply = match cut {
+                    Some(at) if tokio::time::Instant::now() >= at => timed_out(),
+                    Some(at) => tokio::time::timeout_at(at, call)
+                        .await
+                        .unwrap_or_else(|_| timed_out()),
+                    None => call.await,
+                };
+                replies.push((i, reply.and_then(Value::extract_error)));
+            }
+            replies
         }
     });
-    futures_util::future::join_all(calls)
+    let mut out: Vec<Option<RedisResult<Value>>> = (0..cmds.len()).map(|_| None).collect();
+    for (i, reply) in futures_util::future::join_all(runs)
         .await
         .into_iter()
-        .map(|reply| reply.and_then(Value::extract_error))
+        .flatten()
+    {
+        out[i] = Some(reply);
+    }
+    out.into_iter()
+        .map(|reply| reply.expect("every command is in one chain"))
         .collect()
+}
+
+/// The key of a script call (`EVALSHA`/`EVAL sha-or-source numkeys key …`): the 4th argument,
+/// when there is one.
+fn script_key(cmd: &Cmd) -> Option<&[u8]> {
+    match cmd.args_iter().nth(3)? {
+        redis::Arg::Simple(key) => Some(key),
+        _ => None,
+    }
 }
