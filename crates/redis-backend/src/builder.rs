@@ -8,7 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use tollgate_core::{KeyError, StoreError};
 
-use crate::connection::{Conn, Pool, SentinelConn};
+use crate::connection::{Conn, Managed, Pool, SentinelConn};
 use crate::error::classify;
 use crate::store::{Inner, RedisStore};
 
@@ -234,8 +234,10 @@ impl RedisStoreBuilder {
             (Target::Url(url), Kind::Multiplexed) => {
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| StoreError::unavailable(format!("invalid Redis URL: {e}"), e))?;
-                ConnectionManager::new_lazy_with_config(client, self.manager_config())
-                    .map(Conn::Multiplexed)
+                ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
+                    .map(|m| {
+                        Conn::Multiplexed(Arc::new(Managed::new(m, client, self.manager_config())))
+                    })
                     .map_err(|e| classify(&e))?
             }
             // The pool and Sentinel connect on first use already.
@@ -275,9 +277,15 @@ impl RedisStoreBuilder {
                 // call, and `build` is bounded by the connect timeout.
                 match self.kind {
                     Kind::Multiplexed => {
-                        ConnectionManager::new_with_config(client, self.manager_config())
+                        ConnectionManager::new_with_config(client.clone(), self.manager_config())
                             .await
-                            .map(Conn::Multiplexed)
+                            .map(|m| {
+                                Conn::Multiplexed(Arc::new(Managed::new(
+                                    m,
+                                    client,
+                                    self.manager_config(),
+                                )))
+                            })
                             .map_err(|e| classify(&e))
                     }
                     Kind::Pool(size) => {

@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use arc_swap::ArcSwap;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::sentinel::SentinelClient;
@@ -23,7 +26,7 @@ const MAX_REDIRECTS: usize = 5;
 /// A connection to Redis.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Multiplexed(ConnectionManager),
+    Multiplexed(Arc<Managed>),
     Pool(Pool),
     Sentinel(Arc<SentinelConn>),
     Cluster(ClusterConnection),
@@ -38,7 +41,7 @@ impl Conn {
     /// The multiplexed connection's is a box already.
     pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let value = match self {
-            Self::Multiplexed(m) => m.clone().req_packed_command(cmd).await,
+            Self::Multiplexed(m) => m.command(cmd).await,
             Self::Pool(pool) => {
                 Box::pin(pool.send(async |conn| conn.req_packed_command(cmd).await)).await
             }
@@ -63,7 +66,7 @@ impl Conn {
     ) -> RedisResult<Vec<RedisResult<Value>>> {
         // Boxed as in `command`.
         let replies = match self {
-            Self::Multiplexed(m) => m.clone().req_packed_commands(pipe, 0, count).await,
+            Self::Multiplexed(m) => m.pipeline(pipe, count).await,
             Self::Pool(pool) => {
                 Box::pin(pool.send(async |conn| conn.req_packed_commands(pipe, 0, count).await))
                     .await
@@ -80,6 +83,93 @@ impl Conn {
             Self::Pool(_) => "pool",
             Self::Sentinel(_) => "sentinel",
             Self::Cluster(_) => "cluster",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multiplexed
+
+/// One multiplexed connection that reconnects by itself (redis-rs's `ConnectionManager`, which
+/// reconnects when the connection fails or drops), and that is replaced by a fresh one when a
+/// call is abandoned at its deadline: a path that went dead without a reset (a NAT or firewall
+/// that dropped its state) fails no call and drops nothing, so the connection would otherwise
+/// hang every call until the kernel gave up on it, some fifteen minutes later, while a new
+/// connection works at once. Calls already sent on the old connection finish or time out on
+/// it; it is closed when the last of them lets go.
+pub(crate) struct Managed {
+    current: ArcSwap<ConnectionManager>,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+}
+
+impl Managed {
+    pub(crate) fn new(
+        manager: ConnectionManager,
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(manager),
+            client,
+            config,
+        }
+    }
+
+    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let conn = self.current.load_full();
+        let mut guard = ReplaceOnAbandon::new(self, &conn);
+        let result = (*conn).clone().req_packed_command(cmd).await;
+        guard.finished();
+        result
+    }
+
+    async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        let conn = self.current.load_full();
+        let mut guard = ReplaceOnAbandon::new(self, &conn);
+        let result = (*conn).clone().req_packed_commands(pipe, 0, count).await;
+        guard.finished();
+        result
+    }
+
+    /// Replaces `stale` by a fresh connection (made on first use), unless it was replaced
+    /// already.
+    fn replace(&self, stale: &Arc<ConnectionManager>) {
+        let Ok(fresh) =
+            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+        else {
+            return; // the settings built the first one; keep it rather than none
+        };
+        self.current.compare_and_swap(stale, Arc::new(fresh));
+    }
+}
+
+/// Replaces the multiplexed connection if the call is dropped before it has its reply (its
+/// deadline fired).
+struct ReplaceOnAbandon<'a> {
+    managed: &'a Managed,
+    conn: &'a Arc<ConnectionManager>,
+    armed: bool,
+}
+
+impl<'a> ReplaceOnAbandon<'a> {
+    fn new(managed: &'a Managed, conn: &'a Arc<ConnectionManager>) -> Self {
+        Self {
+            managed,
+            conn,
+            armed: true,
+        }
+    }
+
+    fn finished(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ReplaceOnAbandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.managed.replace(self.conn);
         }
     }
 }
@@ -207,19 +297,35 @@ async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<Atomic
 
 impl Pool {
     /// Checks a connection out, runs `call` on it, and flags the connection broken if the call
-    /// failed with an error that needs a reconnect (bb8 then drops it when it comes back).
+    /// failed with an error that needs a reconnect, or was abandoned before its reply (its
+    /// deadline fired: the connection may hang on a path that died without a reset, see
+    /// [`Managed`]); the next checkout then drops it and bb8 makes a new one.
     async fn send<T>(
         &self,
         call: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
     ) -> RedisResult<T> {
         let (mut conn, broken) = checkout(self).await?;
+        let mut flag = FlagOnAbandon(Some(&broken));
         let result = call(&mut conn).await;
+        flag.0 = None;
         if let Err(e) = &result
             && e.is_unrecoverable_error()
         {
             broken.store(true, Ordering::Relaxed);
         }
         result
+    }
+}
+
+/// Flags a pooled connection broken when dropped armed: armed for the length of a call, and
+/// disarmed once the reply is in.
+struct FlagOnAbandon<'a>(Option<&'a AtomicBool>);
+
+impl Drop for FlagOnAbandon<'_> {
+    fn drop(&mut self) {
+        if let Some(broken) = self.0 {
+            broken.store(true, Ordering::Relaxed);
+        }
     }
 }
 

@@ -195,3 +195,36 @@ async fn refused_connections_fail_fast_as_unavailable() {
         eprintln!("proxy refuse ({name}): calls failed as unavailable; back after {took:?}");
     }
 }
+
+/// A connection whose path dies without a reset (the proxy holds its traffic for good, as a
+/// NAT or firewall that dropped its state would) fails no call and drops nothing: only the
+/// deadline notices. A call abandoned at its deadline replaces the connection, so the next
+/// calls go over a new one and succeed at once, rather than timing out until the kernel gives
+/// up on the dead path (~15 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_hangs_silently_is_replaced() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    for name in KINDS {
+        let store = store(&proxy, name).await;
+        bounded(&store, 0).await.0.unwrap();
+        let before = proxy.stats().accepted;
+        proxy.stall_open();
+        let (out, _) = bounded(&store, 1).await;
+        assert!(
+            matches!(out, Err(StoreError::Timeout(_))),
+            "{name}: the stalled connection's call times out: {out:?}"
+        );
+        let took = recovers(name, &store).await;
+        let made = proxy.stats().accepted - before;
+        eprintln!(
+            "silent hang ({name}): a call timed out, then a call succeeded after {took:?} \
+             over {made} new connection(s)"
+        );
+        assert!(made >= 1, "{name}: a new connection was made");
+        // And the store keeps working over it.
+        for i in 0..20 {
+            bounded(&store, i).await.0.unwrap();
+        }
+    }
+}

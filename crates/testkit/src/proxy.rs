@@ -80,6 +80,8 @@ impl std::fmt::Debug for FaultProxy {
 struct Shared {
     latency_nanos: AtomicU64,
     blackhole: watch::Sender<bool>,
+    /// Connections numbered below this (in order of acceptance, from 0) are stalled for good.
+    stalled_below: AtomicU64,
     accepted: AtomicU64,
     active: AtomicU64,
     bytes_to_target: AtomicU64,
@@ -117,6 +119,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             latency_nanos: AtomicU64::new(0),
             blackhole,
+            stalled_below: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             active: AtomicU64::new(0),
             bytes_to_target: AtomicU64::new(0),
@@ -215,6 +218,15 @@ impl FaultProxy {
         self.shared.blackhole.send_replace(enabled);
     }
 
+    /// Traffic on every connection open now stops for good, silently: what either side sends
+    /// is held, never delivered, and neither side sees an error or EOF — a path that died
+    /// without a reset, as when a NAT or firewall between client and server drops its state.
+    /// Connections made afterwards pass as usual, so a client recovers only by reconnecting.
+    pub fn stall_open(&self) {
+        let accepted = self.shared.accepted.load(Ordering::SeqCst);
+        self.shared.stalled_below.store(accepted, Ordering::SeqCst);
+    }
+
     /// Connection and byte counters since start.
     pub fn stats(&self) -> ProxyStats {
         ProxyStats {
@@ -274,8 +286,8 @@ async fn accept_loop(
             accepted = accept(listener.as_ref()) => {
                 // Accept errors (e.g. EMFILE) are transient for a test proxy: try again.
                 if let Ok((client, _)) = accepted {
-                    shared.accepted.fetch_add(1, Ordering::SeqCst);
-                    connections.spawn(serve(client, target, Arc::clone(&shared)));
+                    let id = shared.accepted.fetch_add(1, Ordering::SeqCst);
+                    connections.spawn(serve(client, id, target, Arc::clone(&shared)));
                 }
             }
             request = control.recv() => match request {
@@ -320,7 +332,7 @@ impl Drop for ActiveGuard {
 }
 
 /// Forwards one client connection to the target until either side closes or fails.
-async fn serve(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) {
+async fn serve(client: TcpStream, id: u64, target: SocketAddr, shared: Arc<Shared>) {
     shared.active.fetch_add(1, Ordering::SeqCst);
     let _guard = ActiveGuard(Arc::clone(&shared));
     // While blackholed, do not even connect onwards: the client hangs, as on a partition.
@@ -338,13 +350,13 @@ async fn serve(client: TcpStream, target: SocketAddr, shared: Arc<Shared>) {
     let to_target = pump(
         client_read,
         upstream_write,
-        Arc::clone(&shared),
+        (id, Arc::clone(&shared)),
         Direction::ToTarget,
     );
     let from_target = pump(
         upstream_read,
         client_write,
-        Arc::clone(&shared),
+        (id, Arc::clone(&shared)),
         Direction::FromTarget,
     );
     tokio::pin!(to_target, from_target);
@@ -363,11 +375,12 @@ enum Direction {
 }
 
 /// Copies `from` to `to` chunk by chunk, each chunk delivered no earlier than the latency
-/// after it was read and never while blackholed. On EOF, shuts down `to`'s write side.
+/// after it was read, never while blackholed and never once connection `id` is stalled. On
+/// EOF, shuts down `to`'s write side.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
-    shared: Arc<Shared>,
+    (id, shared): (u64, Arc<Shared>),
     direction: Direction,
 ) -> io::Result<()> {
     let (chunks, mut pending) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
@@ -401,6 +414,9 @@ async fn pump(
             tokio::time::sleep_until(deliver_at).await;
             if blackhole.wait_for(|on| !*on).await.is_err() {
                 return Ok(());
+            }
+            if id < shared.stalled_below.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
             }
             to.write_all(&chunk).await?;
             counter.fetch_add(chunk.len() as u64, Ordering::SeqCst);
