@@ -72,10 +72,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         };
         app = app.route(&route.path, handler);
     }
-    let index = index_text(&file, args.store.label());
-    app = app
-        .route("/", get(move || async move { index }))
-        .layer(middleware::from_fn(demo_auth));
+    // A configured route at `/` owns it (the file's paths were checked as axum routes them;
+    // `/` conflicts with no other path): the index page would clash with its method or take
+    // the methods it leaves, unlimited.
+    if !file.routes.iter().any(|route| route.path == "/") {
+        let index = index_text(&file, args.store.label());
+        app = app.route("/", get(move || async move { index }));
+    }
+    app = app.layer(middleware::from_fn(demo_auth));
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -143,6 +147,8 @@ fn describe(route: &RouteConfig) -> String {
     )
 }
 
+/// The demo's index page at `GET /`: the store and the routes. Not served when the policy
+/// file has a route at `/`.
 fn index_text(file: &PolicyFile, store: &str) -> String {
     let mut out = format!("tollgate demo (store: {store})\n\nrate-limited routes:\n");
     for route in &file.routes {

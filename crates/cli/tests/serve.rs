@@ -332,6 +332,88 @@ async fn serve_runs_the_builtin_policy_file_on_the_local_store() {
     assert_eq!(remaining(&resp), 2);
 }
 
+/// A route at `/`, limit 2 per minute for the whole route, with `method` if given.
+fn root_route(method: Option<&str>) -> String {
+    let method = method.map_or_else(String::new, |m| format!("method = \"{m}\"\n"));
+    format!(
+        "[[route]]\nname = \"root\"\npath = \"/\"\n{method}key = \"route\"\n\
+         policy = \"fixed-window:limit=2,window=1m\"\nfailure_mode = \"closed\"\n"
+    )
+}
+
+/// A configured route at `/` owns it: the demo's index page is not registered there, so it
+/// can neither answer `GET /` unlimited nor clash with the route.
+#[tokio::test]
+async fn a_configured_root_route_without_a_method_limits_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &root_route(None));
+    let serve = Serve::start(&["--config", &config]);
+    let http = client();
+    for r in [1, 0] {
+        let resp = http.get(serve.url("/")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(remaining(&resp), r);
+        assert_eq!(
+            resp.text().await.unwrap(),
+            "{\"route\":\"root\",\"ok\":true}\n"
+        );
+    }
+    let resp = http.get(serve.url("/")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Any method: one bucket.
+    let resp = http.post(serve.url("/")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_configured_get_route_at_root_replaces_the_index_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &root_route(Some("GET")));
+    let serve = Serve::start(&["--config", &config]);
+    let http = client();
+    for status in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        let resp = http.get(serve.url("/")).send().await.unwrap();
+        assert_eq!(resp.status(), status);
+    }
+    let resp = http.post(serve.url("/")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+}
+
+/// Paths axum would refuse to route (it panics on them) are the policy file's located
+/// errors, before anything starts.
+#[test]
+fn serve_refuses_route_paths_axum_cannot_route() {
+    let dir = tempfile::tempdir().unwrap();
+    for (paths, expected) in [
+        (
+            ["/items/{id}", "/items/{name}"],
+            "line 11, column 8: route[1].path: \"/items/{name}\" conflicts with",
+        ),
+        (
+            ["/items/{id", "/other"],
+            "line 4, column 8: route[0].path: \"/items/{id\"",
+        ),
+    ] {
+        let text = SHARED_CONFIG
+            .replacen("\"/quota\"", &format!("{:?}", paths[0]), 1)
+            .replacen("\"/lenient\"", &format!("{:?}", paths[1]), 1);
+        let config = write_config(dir.path(), &text);
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config", &config])
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{paths:?}: {stderr}");
+        assert!(stderr.contains(expected), "{paths:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{paths:?} started");
+    }
+}
+
 #[test]
 fn serve_refuses_an_invalid_policy_file_naming_field_and_line() {
     let dir = tempfile::tempdir().unwrap();

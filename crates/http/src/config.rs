@@ -32,7 +32,7 @@
 //! | field | required | meaning |
 //! |---|---|---|
 //! | `name` | yes | policy name in the response fields and key namespace: `[a-z0-9_.-]`, unique |
-//! | `path` | yes | axum route path, e.g. `/items/{id}` |
+//! | `path` | yes | axum route path, e.g. `/items/{id}`; refused if axum would not route it, or it conflicts with an earlier route's |
 //! | `method` | no | only this method is limited and served; any method if absent |
 //! | `key` | yes | `"ip"`, `"header:NAME"`, `"user"` or `"route"` |
 //! | `cost` | no | an integer (default 1) or `{ header = "x-cost", default = 1, min = 1, max = 100 }` |
@@ -290,6 +290,9 @@ impl Validator<'_> {
         let mut names = HashSet::new();
         // (path, method) pairs taken; a route without a method takes every method.
         let mut taken: Vec<(String, Option<Method>)> = Vec::new();
+        // Every distinct path, as axum will route it (axum 0.8 routes with this matchit):
+        // a path it cannot insert would panic `Router::route` when the routes are served.
+        let mut paths = matchit::Router::new();
         for (i, raw_route) in raw.routes.iter().enumerate() {
             let route = self.route(i, raw_route, &client_ip)?;
             if !names.insert(route.name.clone()) {
@@ -297,6 +300,16 @@ impl Validator<'_> {
                     &raw_route.name.span(),
                     &format!("route[{i}].name"),
                     format_args!("route name {:?} is used twice", route.name),
+                );
+            }
+            // The same path again (another method) is one axum route: checked below.
+            if !taken.iter().any(|(path, _)| *path == route.path)
+                && let Err(e) = paths.insert(route.path.clone(), ())
+            {
+                return self.err(
+                    &raw_route.path.span(),
+                    &format!("route[{i}].path"),
+                    path_error(&route.path, &e, &routes),
                 );
             }
             let clash = taken.iter().any(|(path, method)| {
@@ -646,6 +659,30 @@ impl Validator<'_> {
     }
 }
 
+/// Why `path` cannot be routed next to the earlier `routes` (matchit's reason, in words
+/// naming the earlier route where there is one).
+fn path_error(path: &str, error: &matchit::InsertError, routes: &[RouteConfig]) -> String {
+    match error {
+        matchit::InsertError::Conflict { with } => {
+            let earlier = routes
+                .iter()
+                .position(|r| r.path == *with)
+                .map_or_else(String::new, |j| {
+                    format!("route[{j}] ({:?}) at ", routes[j].name)
+                });
+            format!(
+                "{path:?} conflicts with the path of an earlier route, {earlier}{with:?}: \
+                 axum cannot route both (parameters in the same place must have the same \
+                 name, and a catch-all cannot sit beside a parameter)"
+            )
+        }
+        other => format!(
+            "{path:?} is not a route path axum accepts: {other} (write parameters as \
+             {{name}}, one per segment, or {{*rest}} at the end; literal braces as {{{{ and }}}})"
+        ),
+    }
+}
+
 /// `250ms`, `1s`, `2m`: a number and a unit (ms, s, m).
 fn humantime_like(text: &str) -> Option<Duration> {
     let text = text.trim();
@@ -815,6 +852,93 @@ failure_mode = "closed"
         let file = PolicyFile::parse(&format!("{get}{post}")).unwrap();
         assert_eq!(file.routes[0].method, Some(Method::GET));
         assert_eq!(file.routes[1].line, 11);
+    }
+
+    /// `ROUTE` as route `name` at `path`, with `extra` lines appended.
+    fn route_at(name: &str, path: &str, extra: &str) -> String {
+        ROUTE
+            .replace("\"api\"\n", &format!("{name:?}\n"))
+            .replace("\"/api\"", &format!("{path:?}"))
+            + extra
+    }
+
+    #[test]
+    fn paths_that_conflict_as_axum_routes_are_refused() {
+        // Different strings, one route to axum: `app.route` would panic on the second.
+        let file = format!(
+            "{}{}",
+            route_at("by_id", "/items/{id}", ""),
+            route_at("by_name", "/items/{name}", "")
+        );
+        let e = error(&file);
+        assert_eq!(
+            (e.line, e.column, e.field.as_str()),
+            (11, 8, "route[1].path"),
+            "{e}"
+        );
+        assert!(
+            e.message.contains("\"/items/{name}\"")
+                && e.message.contains("route[0] (\"by_id\")")
+                && e.message.contains("\"/items/{id}\""),
+            "{e}"
+        );
+
+        // A parameter beside a catch-all at the same place: matchit names the earlier one.
+        let file = format!(
+            "{}{}",
+            route_at("one", "/files/{name}", ""),
+            route_at("all", "/files/{*rest}", "")
+        );
+        let e = error(&file);
+        assert_eq!((e.line, e.field.as_str()), (11, "route[1].path"), "{e}");
+        assert!(e.message.contains("\"/files/{name}\""), "{e}");
+    }
+
+    #[test]
+    fn paths_axum_cannot_route_are_refused() {
+        for (path, reason) in [
+            ("/items/{id", "valid name"),
+            ("/items/id}", "valid name"),
+            ("/items/{}", "valid name"),
+            ("/files/{*rest}/more", "only allowed at the end"),
+            ("/items/{a}{b}", "one parameter"),
+        ] {
+            let e = error(&route_at("items", path, ""));
+            assert_eq!(
+                (e.line, e.column, e.field.as_str()),
+                (4, 8, "route[0].path"),
+                "{path}: {e}"
+            );
+            assert!(
+                e.message.contains(&format!("{path:?}")) && e.message.contains(reason),
+                "{path}: {e}"
+            );
+        }
+        // Escaped braces are literal, and fine.
+        let file = PolicyFile::parse(&route_at("braces", "/a{{b}}", "")).unwrap();
+        assert_eq!(file.routes[0].path, "/a{{b}}");
+    }
+
+    #[test]
+    fn one_path_may_take_several_methods() {
+        let file = format!(
+            "{}{}{}",
+            route_at("read", "/items/{id}", "method = \"GET\"\n"),
+            route_at("write", "/items/{id}", "method = \"PUT\"\n"),
+            route_at("other", "/items/{id}/tags", ""),
+        );
+        let file = PolicyFile::parse(&file).unwrap();
+        let methods: Vec<_> = file.routes.iter().map(|r| r.method.clone()).collect();
+        assert_eq!(methods, [Some(Method::GET), Some(Method::PUT), None]);
+        // The (path, method) check still holds on top of the router's.
+        let twice = format!(
+            "{}{}",
+            route_at("read", "/items/{id}", "method = \"GET\"\n"),
+            route_at("all", "/items/{id}", ""),
+        );
+        let e = error(&twice);
+        assert_eq!((e.field.as_str(), e.line), ("route[1].path", 12), "{e}");
+        assert!(e.message.contains("already limited"), "{e}");
     }
 
     #[test]
