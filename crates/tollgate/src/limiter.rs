@@ -179,6 +179,9 @@ impl LimiterBuilder {
     /// this limiter's [`Limiter::reset`] and by any policy change it follows (fingerprint or
     /// generation).
     ///
+    /// [`Limiter::check_many`] consults it too: keys it answers are left out of the batch, and
+    /// the batch's denials are cached.
+    ///
     /// The cache is per process. A reset reaches every instance's cache when it is made
     /// through [`crate::registry::PolicyFollower::reset`] (announced over the policy registry, within a
     /// pub/sub round trip); one made only through another instance's [`Limiter::reset`] does
@@ -459,6 +462,52 @@ impl Limiter {
         if let Err(e) = policy.check_cost(cost) {
             return Err(self.refuse_batch(keys.len(), Error::from(e), started));
         }
+        // Keys the deny cache answers are not sent; the others go to the store as one batch.
+        if let Some(cache) = &inner.deny_cache {
+            let cached: Vec<Option<Decision>> = keys
+                .iter()
+                .map(|key| cache.lookup(key, policy, cost, started))
+                .collect();
+            if cached.iter().any(Option::is_some) {
+                let ask: Vec<Key> = keys
+                    .iter()
+                    .zip(&cached)
+                    .filter(|(_, hit)| hit.is_none())
+                    .map(|(key, _)| key.clone())
+                    .collect();
+                let mut asked = if ask.is_empty() {
+                    Vec::new()
+                } else {
+                    Box::pin(self.decide_many(&ask, cost, policy, started)).await?
+                }
+                .into_iter();
+                return Ok(cached
+                    .into_iter()
+                    .map(|hit| match hit {
+                        Some(d) => {
+                            let outcome = Ok(d);
+                            inner.meters.record(&outcome, started);
+                            outcome
+                        }
+                        None => asked.next().expect("one result per key asked"),
+                    })
+                    .collect());
+            }
+        }
+        self.decide_many(keys, cost, policy, started).await
+    }
+
+    /// [`Limiter::check_many`] for `keys` the deny cache did not answer (every key when there
+    /// is none), with the cost checked; shared denials are cached.
+    async fn decide_many(
+        &self,
+        keys: &[Key],
+        cost: u64,
+        policy: &Policy,
+        started: Instant,
+    ) -> Result<Vec<Result<Decision, Error>>, Error> {
+        let inner = &*self.inner;
+        let epoch = inner.deny_cache.as_ref().map(DenyCache::epoch);
         let (permit, transition) = inner.breaker.permit();
         self.report(transition);
         let results: Vec<Result<Decision, StoreError>> = if permit == Permit::Skip {
@@ -533,7 +582,14 @@ impl Limiter {
             .zip(results)
             .map(|(key, result)| {
                 let outcome = match result {
-                    Ok(d) => Ok(d),
+                    Ok(d) => {
+                        if !d.allowed
+                            && let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch)
+                        {
+                            cache.insert(key, policy, cost, &d, (started, epoch));
+                        }
+                        Ok(d)
+                    }
                     Err(e) if permit == Permit::Skip => self.fail_over(key, cost, e),
                     Err(e) => self.on_store_error(key, cost, e, Some(&mut failed)),
                 };

@@ -100,3 +100,46 @@ async fn a_larger_cost_is_told_its_own_wait_not_the_cached_one() {
     assert!(!again.allowed && again.retry_after.unwrap() <= five);
     assert_eq!(script_calls(&server), before);
 }
+
+/// `check_many` uses the deny cache as `check` does: its denials are cached, and a later batch
+/// sends only the keys the cache does not answer (here: one of three), in order.
+#[tokio::test]
+async fn batches_use_the_deny_cache() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let limiter = Limiter::builder(
+        "batch-abuse",
+        Policy::fixed_window(2, Duration::from_secs(3600)).unwrap(),
+    )
+    .store(Arc::new(store))
+    .failure_mode(FailureMode::Closed)
+    .deny_cache(100)
+    .build()
+    .unwrap();
+    let keys: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|k| limiter.key([k]).unwrap())
+        .collect();
+    let allowed = |out: &[Result<tollgate::Decision, tollgate::Error>]| -> Vec<bool> {
+        out.iter().map(|r| r.as_ref().unwrap().allowed).collect()
+    };
+    // "a" drained and denied by a batch of its own: the denial is cached.
+    let a = &keys[..1];
+    for _ in 0..2 {
+        assert_eq!(allowed(&limiter.check_many(a, 1).await.unwrap()), [true]);
+    }
+    assert_eq!(allowed(&limiter.check_many(a, 1).await.unwrap()), [false]);
+    let before = script_calls(&server);
+    assert_eq!(allowed(&limiter.check_many(a, 1).await.unwrap()), [false]);
+    assert_eq!(
+        script_calls(&server),
+        before,
+        "a cached denial costs no call"
+    );
+    // A batch of all three: "a" from the cache, "b" and "c" from Redis, results in order.
+    let out = limiter.check_many(&keys, 1).await.unwrap();
+    assert_eq!(allowed(&out), [false, true, true]);
+    assert_eq!(script_calls(&server), before + 2, "only b and c were sent");
+    let denied = out[0].as_ref().unwrap();
+    assert!(denied.retry_after.is_some() && denied.remaining == 0);
+}
