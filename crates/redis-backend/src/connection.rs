@@ -135,6 +135,9 @@ impl Managed {
     /// Replaces `stale` by a fresh connection (made on first use), unless it was replaced
     /// already.
     fn replace(&self, stale: &Arc<ConnectionManager>) {
+        if !Arc::ptr_eq(&self.current.load(), stale) {
+            return; // another abandoned call replaced it first
+        }
         let Ok(fresh) =
             ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
         else {
