@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use tollgate::redis::redact_url;
 use tollgate::{FailureMode, Key, Limiter, LocalStore, Policy, Store};
 
 /// One rate-limit quota across every instance of a service.
@@ -68,7 +69,7 @@ impl StoreArgs {
                     .redis_builder(url)
                     .build()
                     .await
-                    .with_context(|| format!("connecting to {}", redacted(url)))?;
+                    .with_context(|| format!("connecting to {}", redact_url(url)))?;
                 Ok(Arc::new(store))
             }
         }
@@ -84,7 +85,7 @@ impl StoreArgs {
         };
         // A URL that can never work is an error now, not a Redis "that cannot be reached yet".
         redis::Client::open(url.as_str())
-            .with_context(|| format!("invalid Redis URL {}", redacted(url)))?;
+            .with_context(|| format!("invalid Redis URL {}", redact_url(url)))?;
         match self.redis_builder(url).build().await {
             Ok(store) => Ok(Arc::new(store)),
             Err(error) if error.class() == tollgate::ErrorClass::Unavailable => {
@@ -97,10 +98,10 @@ impl StoreArgs {
                     .redis_builder(url)
                     .build_lazy()
                     .await
-                    .with_context(|| format!("configuring the store for {}", redacted(url)))?;
+                    .with_context(|| format!("configuring the store for {}", redact_url(url)))?;
                 Ok(Arc::new(store))
             }
-            Err(error) => Err(error).with_context(|| format!("connecting to {}", redacted(url))),
+            Err(error) => Err(error).with_context(|| format!("connecting to {}", redact_url(url))),
         }
     }
 
@@ -200,39 +201,4 @@ fn main() -> Result<()> {
             Command::Ceiling(args) => compare::ceiling(args).await,
         }
     })
-}
-
-/// `url` with its password, if any, replaced by `***`: fit for an error message or a log line.
-fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}{}", &rest[authority_end..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redacted;
-
-    #[test]
-    fn error_messages_never_show_a_password() {
-        assert_eq!(
-            redacted("redis://limiter:s3cret@127.0.0.1:6379/0"),
-            "redis://limiter:***@127.0.0.1:6379/0"
-        );
-        assert_eq!(
-            redacted("rediss://:s3cret@host:6380"),
-            "rediss://:***@host:6380"
-        );
-        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(redacted("redis://user@host"), "redis://user@host");
-        assert_eq!(redacted("not a url"), "not a url");
-    }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use tollgate::Policy;
-use tollgate::redis::{Published, RedisRegistry};
+use tollgate::redis::{Published, RedisRegistry, redact_url};
 
 /// The registry commands.
 #[derive(Args, Debug)]
@@ -42,7 +42,7 @@ impl RegistryArgs {
     async fn connect(&self) -> Result<RedisRegistry> {
         RedisRegistry::connect(&self.redis, &self.prefix, self.timeout)
             .await
-            .with_context(|| format!("connecting to the registry at {}", self.redis))
+            .with_context(|| format!("connecting to the registry at {}", redact_url(&self.redis)))
     }
 }
 

@@ -1,15 +1,18 @@
 //! Building a [`RedisStore`]: where Redis is (one server, the primary Sentinel names, or a
 //! Cluster), the key prefix, the per-call timeout and the connection kind.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::RedisConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use tollgate_core::{KeyError, StoreError};
 
 use crate::connection::{Conn, Managed, Pool, SentinelConn};
 use crate::error::classify;
+use crate::redact::RedactedUrls;
 use crate::store::{Inner, RedisStore};
 
 /// The key prefix used unless [`RedisStoreBuilder::prefix`] sets another.
@@ -43,19 +46,66 @@ enum Kind {
 enum Target {
     /// One server.
     Url(String),
-    /// The primary that the sentinels name `master`.
+    /// The primary that the sentinels name `master`, connected to with `primary`.
     Sentinel {
         master: String,
-        sentinels: Vec<String>,
+        sentinels: RedactedUrls,
+        primary: PrimaryAuth,
     },
     /// A Redis Cluster, discovered from these nodes.
     Cluster(Vec<String>),
+}
+
+/// How a Sentinel store authenticates to the data nodes (the primary, and each replica once
+/// promoted) and which database it uses. Its `Debug` hides the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+struct PrimaryAuth {
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+impl fmt::Debug for PrimaryAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrimaryAuth")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .finish()
+    }
+}
+
+impl PrimaryAuth {
+    /// The settings redis-rs connects to the primary with; `None` for its defaults (no
+    /// authentication, database 0).
+    fn node_connection_info(&self) -> Option<SentinelNodeConnectionInfo> {
+        if *self == Self::default() {
+            return None;
+        }
+        let mut info = RedisConnectionInfo::default().set_db(self.db);
+        if let Some(username) = &self.username {
+            info = info.set_username(username);
+        }
+        if let Some(password) = &self.password {
+            info = info.set_password(password);
+        }
+        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(info))
+    }
 }
 
 impl RedisStore {
     /// Starts configuring a store on the primary that the sentinels at `sentinel_urls`
     /// (`redis://host:port`, with `user:password@` if the sentinels need it) monitor as
     /// `master_name`.
+    ///
+    /// The sentinel URLs' credentials are the sentinels' own. The primary's — the
+    /// `requirepass` or ACL user of the data nodes, which the sentinels do not hand out — are
+    /// given separately with [`primary_password`](RedisStoreBuilder::primary_password) or
+    /// [`primary_credentials`](RedisStoreBuilder::primary_credentials), and a database other
+    /// than 0 with [`primary_db`](RedisStoreBuilder::primary_db); every data node that may
+    /// become the primary must accept them. Without them, a password-protected primary refuses
+    /// the store: [`build`](RedisStoreBuilder::build) fails with a [`StoreError::Script`] that
+    /// says the authentication failed (a misconfiguration, never taken for an outage).
     ///
     /// The store asks the sentinels for the primary, checks that it answers `ROLE` as master,
     /// and keeps one multiplexed connection to it. When a call fails in a way that says the
@@ -78,6 +128,7 @@ impl RedisStore {
     ///     "rate-limits",
     ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
     /// )
+    /// .primary_credentials("tollgate", "CHANGE-ME")
     /// .build()
     /// .await?;
     /// # Ok(()) }
@@ -89,7 +140,8 @@ impl RedisStore {
     {
         RedisStoreBuilder::with_target(Target::Sentinel {
             master: master_name.into(),
-            sentinels: sentinel_urls.into_iter().map(Into::into).collect(),
+            sentinels: RedactedUrls(sentinel_urls.into_iter().map(Into::into).collect()),
+            primary: PrimaryAuth::default(),
         })
     }
 
@@ -123,6 +175,52 @@ impl RedisStore {
         RedisStoreBuilder::with_target(Target::Cluster(
             initial_nodes.into_iter().map(Into::into).collect(),
         ))
+    }
+}
+
+/// The Sentinel store's connection settings for the data nodes.
+impl RedisStoreBuilder {
+    /// Sentinel only: authenticates to the primary with `password` (`AUTH password`: the
+    /// data nodes' `requirepass`, i.e. the `default` user's password). The sentinels' own
+    /// password goes in their URLs, and Sentinel's `auth-pass` is theirs to reach the data
+    /// nodes: neither is used for this. For an ACL user, see
+    /// [`primary_credentials`](Self::primary_credentials).
+    ///
+    /// Applies to every primary the store connects to, including a replica promoted by a
+    /// failover. A single server or a Cluster takes its credentials from its URLs
+    /// (`redis://user:password@host:port/db`); this is ignored there.
+    pub fn primary_password(self, password: impl Into<String>) -> Self {
+        self.with_primary(|auth| {
+            auth.username = None;
+            auth.password = Some(password.into());
+        })
+    }
+
+    /// Sentinel only: authenticates to the primary as the ACL user `username` with `password`
+    /// (`AUTH username password`); otherwise as
+    /// [`primary_password`](Self::primary_password).
+    pub fn primary_credentials(
+        self,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.with_primary(|auth| {
+            auth.username = Some(username.into());
+            auth.password = Some(password.into());
+        })
+    }
+
+    /// Sentinel only: keeps the buckets in database `db` of the primary (`SELECT db`; default
+    /// 0). A single server takes it from its URL's path; a Cluster has only database 0.
+    pub fn primary_db(self, db: i64) -> Self {
+        self.with_primary(|auth| auth.db = db)
+    }
+
+    fn with_primary(mut self, set: impl FnOnce(&mut PrimaryAuth)) -> Self {
+        if let Target::Sentinel { primary, .. } = &mut self.target {
+            set(primary);
+        }
+        self
     }
 }
 
@@ -293,8 +391,12 @@ impl RedisStoreBuilder {
                     }
                 }
             }
-            Target::Sentinel { master, sentinels } => {
-                if sentinels.is_empty() {
+            Target::Sentinel {
+                master,
+                sentinels,
+                primary,
+            } => {
+                if sentinels.0.is_empty() {
                     return Err(StoreError::unavailable(
                         "no sentinel URLs given".to_owned(),
                         redis::RedisError::from((
@@ -303,10 +405,15 @@ impl RedisStoreBuilder {
                         )),
                     ));
                 }
-                let urls: Vec<&str> = sentinels.iter().map(String::as_str).collect();
-                let client =
-                    SentinelClient::build(urls, master.clone(), None, SentinelServerType::Master)
-                        .map_err(|e| invalid("Sentinel configuration", e))?;
+                let urls: Vec<&str> = sentinels.0.iter().map(String::as_str).collect();
+                // The primary's credentials and database, for every primary the sentinels name.
+                let client = SentinelClient::build(
+                    urls,
+                    master.clone(),
+                    primary.node_connection_info(),
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| invalid("Sentinel configuration", e))?;
                 Ok(Conn::Sentinel(Arc::new(SentinelConn::new(
                     client,
                     self.connect_timeout,

@@ -19,8 +19,11 @@ const VALIDATION_PREFIX: &str = "tollgate:";
 /// - `BUSY` (another script is running) → [`StoreError::Busy`];
 /// - `ERR tollgate: ...` (a script refused its arguments; nothing was written) →
 ///   [`StoreError::InvalidPolicy`];
+/// - a refused authentication — `NOAUTH` (the server needs a password and got none),
+///   `WRONGPASS` or a failed `AUTH` — → [`StoreError::Script`] saying so: a misconfiguration,
+///   never taken for an outage;
 /// - anything else — a Lua runtime error, `WRONGTYPE`, `NOSCRIPT` that survived a reload, an
-///   unparsable reply, an authentication or ACL failure — → [`StoreError::Script`].
+///   unparsable reply, an ACL failure (`NOPERM`) — → [`StoreError::Script`].
 ///
 /// `NOSCRIPT` is handled inside the store (load and retry once) and normally never reaches here.
 ///
@@ -54,7 +57,9 @@ pub fn classify(err: &RedisError) -> StoreError {
                 err.detail().unwrap_or_default()
             )))
         }
+        ErrorKind::AuthenticationFailed => auth_refused(err),
         _ => match err.code() {
+            Some("NOAUTH" | "WRONGPASS") => auth_refused(err),
             Some("BUSY") => StoreError::Busy(err.to_string()),
             // The server refuses writes for now (memory, replicas, persistence): an outage of
             // the shared store, not a bug in the script.
@@ -70,6 +75,15 @@ pub fn classify(err: &RedisError) -> StoreError {
 /// Whether `err` is a `NOSCRIPT` reply: the server's script cache lost the script.
 pub(crate) fn is_noscript(err: &RedisError) -> bool {
     err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// Redis refused the store's credentials (or needs some): loud, and says where they go.
+fn auth_refused(err: &RedisError) -> StoreError {
+    StoreError::Script(format!(
+        "Redis authentication failed ({err}): check the username and password the store \
+         connects with (the URL's user:password@; for the primary behind Sentinel, \
+         RedisStoreBuilder::primary_password or primary_credentials)"
+    ))
 }
 
 fn unavailable(err: &RedisError) -> StoreError {
@@ -155,6 +169,26 @@ mod tests {
         let err = reply("ERR tollgate: cost exceeds capacity");
         assert_eq!(class(&err), ErrorClass::Invalid);
         assert!(classify(&err).to_string().contains("cost exceeds capacity"));
+    }
+
+    #[test]
+    fn refused_authentication_is_a_loud_error_that_says_so() {
+        for err in [
+            reply("NOAUTH Authentication required."),
+            reply("WRONGPASS invalid username-password pair or user is disabled."),
+            RedisError::from((
+                ErrorKind::AuthenticationFailed,
+                "Password authentication failed",
+            )),
+        ] {
+            let store_err = classify(&err);
+            assert_eq!(store_err.class(), ErrorClass::Script, "{err}");
+            let message = store_err.to_string();
+            assert!(
+                message.contains("authentication failed") && message.contains("primary_password"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

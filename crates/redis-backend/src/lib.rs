@@ -34,6 +34,7 @@ mod builder;
 mod connection;
 mod error;
 pub mod record;
+mod redact;
 mod registry;
 pub mod scripts;
 mod store;
@@ -43,5 +44,6 @@ pub use builder::{
     RedisStoreBuilder,
 };
 pub use error::classify;
+pub use redact::redact_url;
 pub use registry::{Notice, Published, RedisRegistry, RegistryError, Subscription};
 pub use store::RedisStore;

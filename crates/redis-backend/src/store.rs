@@ -40,7 +40,8 @@ fn cut_margin(left: Duration) -> Duration {
 /// Cloning is cheap; clones share the connection.
 ///
 /// With Redis ACLs, the store's user needs `+evalsha +eval +script|load +del` and, inside the
-/// scripts, `+time +get +set`, on the keys `~<prefix>*`.
+/// scripts, `+time +get +set +pexpiretime` (`PEXPIRETIME` while a policy change under
+/// `DeferUntilExpiry` is pending or starting), on the keys `~<prefix>*`; see docs/security.md.
 ///
 /// A dropped connection fails the call in flight (and, on a multiplexed connection, the
 /// calls sent before the reconnect) as [`StoreError::Unavailable`]; the store reconnects by

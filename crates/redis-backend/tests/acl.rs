@@ -1,6 +1,7 @@
 //! Least privilege: tollgate under a Redis ACL user that may touch only its key prefix and run
 //! only the commands it needs, against a real redis-server. Redis checks the commands a script
-//! calls (`TIME`, `GET`, `SET`) against the calling user too, so they are part of the set.
+//! calls (`TIME`, `GET`, `SET`, and `PEXPIRETIME` while a policy change is deferred) against
+//! the calling user too, so they are part of the set.
 //!
 //! A user missing any of those rights gets a loud [`StoreError::Script`]: a misconfiguration,
 //! never mistaken for an outage, so a [`Limiter`] reports it as [`Error::Store`] instead of
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{BreakerState, Error, FailureMode, Limiter};
-use tollgate_core::{Acquire, ErrorClass, Key, Policy, Rate, Store, StoreError};
+use tollgate_core::{Acquire, ErrorClass, Key, Policy, Rate, Store, StoreError, Transition};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::server::RedisServer;
 
@@ -32,6 +33,7 @@ const RULES: &[&str] = &[
     "+get",
     "+set",
     "+time",
+    "+pexpiretime",
 ];
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -67,11 +69,42 @@ async fn store(server: &RedisServer, pooled: bool) -> Result<RedisStore, StoreEr
 }
 
 fn policies() -> [Policy; 3] {
+    policies_of(3)
+}
+
+fn policies_of(limit: u64) -> [Policy; 3] {
     [
-        Policy::token_bucket(3, Rate::new(1, HOUR)).unwrap(),
-        Policy::fixed_window(3, HOUR).unwrap(),
-        Policy::sliding_log(3, HOUR).unwrap(),
+        Policy::token_bucket(limit, Rate::new(1, HOUR)).unwrap(),
+        Policy::fixed_window(limit, HOUR).unwrap(),
+        Policy::sliding_log(limit, HOUR).unwrap(),
     ]
+}
+
+/// A policy change under `DeferUntilExpiry`, for every algorithm: the bucket is written at
+/// generation 1, then a generation-2 caller (another limit) finds it and defers to it: the
+/// old parameters govern until the key expires, which the script reads with `PEXPIRETIME`
+/// (when the deferral starts, and on every call while it is pending).
+async fn defer(store: &RedisStore) {
+    let k = Key::new("acl", ["deferred"]).unwrap();
+    for (old, new) in policies().into_iter().zip(policies_of(5)) {
+        let old = old.with_generation(1);
+        let new = new
+            .with_generation(2)
+            .with_transition(Transition::DeferUntilExpiry);
+        let d = store.acquire(&k, &old, 1).await.unwrap();
+        assert_eq!((d.allowed, d.limit, d.remaining), (true, 3, 2), "{old}");
+        for remaining in [1, 0] {
+            let d = store.acquire(&k, &new, 1).await.unwrap_or_else(|e| {
+                panic!("{new}: a deferral under the documented ACL rules: {e}")
+            });
+            assert_eq!(
+                (d.allowed, d.limit, d.remaining),
+                (true, 3, remaining),
+                "{new}: generation 1 governs until the bucket expires"
+            );
+        }
+        store.reset(&k, &new).await.unwrap();
+    }
 }
 
 /// Denials Redis logged for this user, as `(reason, object)`; `CLIENT SETINFO` (sent by
@@ -146,6 +179,7 @@ async fn tollgate_works_under_the_least_privilege_acl_user() {
             .await
             .expect("build under the ACL user");
         exercise(&store, &server).await;
+        defer(&store).await;
         let limiter = Limiter::builder("acl", policies()[0])
             .store(Arc::new(store))
             .failure_mode(FailureMode::Closed)

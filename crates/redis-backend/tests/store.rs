@@ -1015,6 +1015,7 @@ async fn urls_with_user_and_password_authenticate() {
             "+get",
             "+set",
             "+time",
+            "+pexpiretime",
             "+ping",
             "+client",
         ])
