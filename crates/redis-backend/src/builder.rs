@@ -12,7 +12,7 @@ use tollgate_core::{KeyError, StoreError};
 
 use crate::connection::{Conn, Managed, Pool, SentinelConn};
 use crate::error::classify;
-use crate::redact::RedactedUrls;
+use crate::redact::{RedactedUrls, redact_url};
 use crate::store::{Inner, RedisStore};
 
 /// The key prefix used unless [`RedisStoreBuilder::prefix`] sets another.
@@ -41,8 +41,8 @@ enum Kind {
     Pool(u32),
 }
 
-/// Where the buckets live.
-#[derive(Debug, Clone)]
+/// Where the buckets live. Its `Debug` shows every URL through [`redact_url`].
+#[derive(Clone)]
 enum Target {
     /// One server.
     Url(String),
@@ -54,6 +54,28 @@ enum Target {
     },
     /// A Redis Cluster, discovered from these nodes.
     Cluster(Vec<String>),
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Url(url) => f.debug_tuple("Url").field(&redact_url(url)).finish(),
+            Self::Sentinel {
+                master,
+                sentinels,
+                primary,
+            } => f
+                .debug_struct("Sentinel")
+                .field("master", master)
+                .field("sentinels", sentinels)
+                .field("primary", primary)
+                .finish(),
+            Self::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|url| redact_url(url)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
 }
 
 /// How a Sentinel store authenticates to the data nodes (the primary, and each replica once
@@ -464,6 +486,22 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_never_shows_a_password() {
+        let single = format!(
+            "{:?}",
+            RedisStore::builder("redis://u:s3cret@127.0.0.1:6379/0")
+        );
+        let cluster = format!(
+            "{:?}",
+            RedisStore::cluster(["redis://:s3cret@127.0.0.1:7000", "redis://127.0.0.1:7001"])
+        );
+        for out in [&single, &cluster] {
+            assert!(!out.contains("s3cret"), "{out}");
+            assert!(out.contains("***@127.0.0.1"), "{out}");
+        }
+    }
 
     #[test]
     fn prefix_refuses_braces_and_odd_bytes() {
