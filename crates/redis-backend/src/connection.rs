@@ -13,7 +13,7 @@ use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::SentinelClient;
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind,
@@ -616,16 +616,18 @@ fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
 
 /// Sends the commands of `pipe` to their keys' nodes, all keys at once: concurrent commands
 /// share each node's multiplexed connection, so a batch costs one round trip per node (the
-/// nodes in parallel). Commands on the same key go one after another, in the batch's order
-/// (each sent when the one before it has its reply), since concurrent commands on one node are
-/// not bound to arrive in the order they were issued, and a batch applies its requests in
-/// order. Commands are not sent as one cluster pipeline, because a redirection of one command
-/// would make the connection resend the whole pipeline, running the others twice. Plain error
-/// replies (`NOSCRIPT`, a script error) stay in place; a connection failure, or a cluster state
-/// that outlasts the redirections (`CLUSTERDOWN`, `TRYAGAIN`), fails that command alone. A
+/// nodes in parallel). A key's commands stay in the batch's order, since concurrent commands
+/// on one node are not bound to arrive in the order they were issued and a batch applies its
+/// requests in order: a key with one command sends it alone, following `MOVED` and `ASK`
+/// ([`cluster_command`]); a key with several sends them as one pipeline to its slot's primary,
+/// in order, in one round trip. Commands are not sent as one cluster pipeline across keys,
+/// because a redirection of one command would fail the whole pipeline, losing the others'
+/// replies. Plain error replies (`NOSCRIPT`, a script error) stay in place; a connection
+/// failure, or a cluster state that outlasts the redirections (`CLUSTERDOWN`, `TRYAGAIN`),
+/// fails that command alone — or, for a key's pipeline, every command of that key, as one
+/// that may have run (a redirection inside it, during a slot migration, hides which did). A
 /// command not answered by `cut` fails alone as timed out (an I/O error, class unavailable):
-/// it may have run, as any call that times out; a command whose turn comes after `cut` is
-/// not sent and fails the same way.
+/// it may have run, as any call that times out.
 async fn cluster_pipeline(
     cluster: &ClusterConnection,
     pipe: &Pipeline,
@@ -633,7 +635,7 @@ async fn cluster_pipeline(
 ) -> Vec<RedisResult<Value>> {
     let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
     // The commands of each key, in order; keys in order of first appearance.
-    let mut chains: Vec<Vec<usize>> = Vec::new();
+    let mut chains: Vec<(Option<&[u8]>, Vec<usize>)> = Vec::new();
     let mut chain_of: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
     for (i, cmd) in cmds.iter().enumerate() {
         match script_key(cmd) {
@@ -641,35 +643,23 @@ async fn cluster_pipeline(
                 let next = chains.len();
                 let c = *chain_of.entry(key).or_insert(next);
                 if c == next {
-                    chains.push(Vec::new());
+                    chains.push((Some(key), Vec::new()));
                 }
-                chains[c].push(i);
+                chains[c].1.push(i);
             }
-            None => chains.push(vec![i]),
+            None => chains.push((None, vec![i])),
         }
     }
-    let timed_out = || {
-        Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "no reply from the key's node before the batch's deadline",
-        )))
-    };
-    let runs = chains.iter().map(|chain| {
+    let runs = chains.iter().map(|(key, chain)| {
         let cmds = &cmds;
         async move {
-            let mut replies = Vec::with_capacity(chain.len());
-            for &i in chain {
-                let call = cluster_command(cluster, cmds[i]);
-                let reply = match cut {
-                    Some(at) if tokio::time::Instant::now() >= at => timed_out(),
-                    Some(at) => tokio::time::timeout_at(at, call)
-                        .await
-                        .unwrap_or_else(|_| timed_out()),
-                    None => call.await,
-                };
-                replies.push((i, reply.and_then(Value::extract_error)));
+            if let (Some(key), [_, _, ..]) = (key, chain.as_slice()) {
+                key_pipeline(cluster, cmds, key, chain, cut).await
+            } else {
+                let i = chain[0];
+                let reply = by_cut(cut, cluster_command(cluster, cmds[i])).await;
+                vec![(i, reply.and_then(Value::extract_error))]
             }
-            replies
         }
     });
     let mut out: Vec<Option<RedisResult<Value>>> = (0..cmds.len()).map(|_| None).collect();
@@ -683,6 +673,74 @@ async fn cluster_pipeline(
     out.into_iter()
         .map(|reply| reply.expect("every command is in one chain"))
         .collect()
+}
+
+/// `call`'s result, or a timeout error if `cut` passes first (or has passed: then `call` is
+/// not started).
+async fn by_cut<T>(
+    cut: Option<tokio::time::Instant>,
+    call: impl Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    let timed_out = || {
+        RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no reply from the key's node before the batch's deadline",
+        ))
+    };
+    match cut {
+        Some(at) if tokio::time::Instant::now() >= at => Err(timed_out()),
+        Some(at) => tokio::time::timeout_at(at, call)
+            .await
+            .unwrap_or_else(|_| Err(timed_out())),
+        None => call.await,
+    }
+}
+
+/// The commands `chain` of `cmds`, all on `key`, as one pipeline to the primary of `key`'s
+/// slot: applied in order, one round trip. The cluster connection does not retry, so the
+/// pipeline is sent once; if it fails as a whole (an I/O error, or a redirection or cluster
+/// state error in any reply, which hides the others), every command of it fails as unavailable
+/// and may have run.
+async fn key_pipeline(
+    cluster: &ClusterConnection,
+    cmds: &[&Cmd],
+    key: &[u8],
+    chain: &[usize],
+    cut: Option<tokio::time::Instant>,
+) -> Vec<(usize, RedisResult<Value>)> {
+    let mut pipe = Pipeline::with_capacity(chain.len());
+    for &i in chain {
+        pipe.add_command(cmds[i].clone());
+    }
+    let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+    let mut conn = cluster.clone();
+    let replies = by_cut(cut, conn.route_pipeline(pipe, 0, chain.len(), route)).await;
+    match replies {
+        Ok(values) if values.len() == chain.len() => chain
+            .iter()
+            .zip(values)
+            .map(|(&i, v)| (i, v.extract_error()))
+            .collect(),
+        Ok(values) => {
+            let e = RedisError::from((
+                ErrorKind::Parse,
+                "a key's pipeline returned the wrong number of replies",
+                format!("{} for {} commands", values.len(), chain.len()),
+            ));
+            chain.iter().map(|&i| (i, Err(e.clone()))).collect()
+        }
+        Err(e) => {
+            let e = if e.kind() == ErrorKind::Io {
+                e
+            } else {
+                RedisError::from(io::Error::other(format!(
+                    "{} requests on one key failed together, some may have run: {e}",
+                    chain.len()
+                )))
+            };
+            chain.iter().map(|&i| (i, Err(e.clone()))).collect()
+        }
+    }
 }
 
 /// The key of a script call (`EVALSHA`/`EVAL sha-or-source numkeys key …`): the 4th argument,
