@@ -356,7 +356,12 @@ impl RedisStoreBuilder {
                     .map_err(|e| StoreError::unavailable(format!("invalid Redis URL: {e}"), e))?;
                 ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
                     .map(|m| {
-                        Conn::Multiplexed(Arc::new(Managed::new(m, client, self.manager_config())))
+                        Conn::Multiplexed(Arc::new(Managed::new(
+                            m,
+                            client,
+                            self.manager_config(),
+                            self.connect_timeout,
+                        )))
                     })
                     .map_err(|e| classify(&e))?
             }
@@ -404,6 +409,7 @@ impl RedisStoreBuilder {
                                     m,
                                     client,
                                     self.manager_config(),
+                                    self.connect_timeout,
                                 )))
                             })
                             .map_err(|e| classify(&e))

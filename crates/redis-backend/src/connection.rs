@@ -88,92 +88,195 @@ impl Conn {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Stalls
+
+/// How long a call must have waited, with no reply on its connection since it was sent, for
+/// its abandonment to raise a suspicion. Shorter waits are taken for the caller going away (a
+/// cancelled request), which says nothing of the connection.
+const STALL_FLOOR_US: u64 = 10_000;
+
+/// Microseconds since the first call of the process.
+fn now_us() -> u64 {
+    static EPOCH: std::sync::LazyLock<std::time::Instant> =
+        std::sync::LazyLock::new(std::time::Instant::now);
+    u64::try_from(EPOCH.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// What a connection's calls tell of it: when its last reply came, whether a probe of it is
+/// running, and (for a pooled one) whether it must be replaced.
+///
+/// A path that died without a reset (a NAT or firewall that dropped its state) fails no call
+/// and drops nothing: calls are only abandoned at their deadlines, until the kernel gives up
+/// on the connection some fifteen minutes later, while a new connection works at once. A
+/// connection that is only slow looks the same from one call. So a call abandoned after
+/// [`STALL_FLOOR_US`] with nothing back on the connection since it was sent raises a
+/// suspicion, and a `PING` on the connection settles it, in the background, within the connect
+/// timeout: a `PONG` clears it (the connection is slow, not dead, and is kept), silence
+/// replaces the connection.
+#[derive(Default)]
+pub(crate) struct Health {
+    last_reply_us: AtomicU64,
+    probing: AtomicBool,
+    broken: AtomicBool,
+}
+
+impl Health {
+    fn suspect(&self, sent_us: u64) -> bool {
+        now_us().saturating_sub(sent_us) >= STALL_FLOOR_US
+            && self.last_reply_us.load(Ordering::Acquire) < sent_us
+            && !self.probing.swap(true, Ordering::AcqRel)
+    }
+
+    fn replied(&self) {
+        self.last_reply_us.fetch_max(now_us(), Ordering::AcqRel);
+    }
+}
+
+/// Probes a suspected connection (`PING` within `limit`) on a task of its own; `on_dead` runs
+/// if no `PONG` comes back. Outside a tokio runtime, where nothing can be spawned, the
+/// connection is taken for dead at once.
+fn probe(
+    mut conn: impl ConnectionLike + Send + 'static,
+    health: Arc<Health>,
+    limit: Duration,
+    on_dead: impl FnOnce() + Send + 'static,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        on_dead();
+        return;
+    };
+    runtime.spawn(async move {
+        let ping = redis::cmd("PING");
+        let pong = tokio::time::timeout(limit, conn.req_packed_command(&ping)).await;
+        if matches!(pong, Ok(Ok(_))) {
+            health.replied();
+        } else {
+            on_dead();
+        }
+        health.probing.store(false, Ordering::Release);
+    });
+}
+
+/// One call in flight on a connection with `health`: runs `on_suspect` if dropped before
+/// [`InFlight::done`] and the drop raises a suspicion ([`Health`]).
+struct InFlight<'a, F: FnOnce()> {
+    health: &'a Health,
+    sent_us: u64,
+    on_suspect: Option<F>,
+}
+
+impl<'a, F: FnOnce()> InFlight<'a, F> {
+    fn new(health: &'a Health, on_suspect: F) -> Self {
+        Self {
+            health,
+            sent_us: now_us(),
+            on_suspect: Some(on_suspect),
+        }
+    }
+
+    /// The call has its answer: a reply (`replied`) or an error.
+    fn done(mut self, replied: bool) {
+        self.on_suspect = None;
+        if replied {
+            self.health.replied();
+        }
+    }
+}
+
+impl<F: FnOnce()> Drop for InFlight<'_, F> {
+    fn drop(&mut self) {
+        if let Some(on_suspect) = self.on_suspect.take()
+            && self.health.suspect(self.sent_us)
+        {
+            on_suspect();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Multiplexed
 
 /// One multiplexed connection that reconnects by itself (redis-rs's `ConnectionManager`, which
-/// reconnects when the connection fails or drops), and that is replaced by a fresh one when a
-/// call is abandoned at its deadline: a path that went dead without a reset (a NAT or firewall
-/// that dropped its state) fails no call and drops nothing, so the connection would otherwise
-/// hang every call until the kernel gave up on it, some fifteen minutes later, while a new
-/// connection works at once. Calls already sent on the old connection finish or time out on
-/// it; it is closed when the last of them lets go.
+/// reconnects when the connection fails or drops), and that is replaced by a fresh one when it
+/// stalls ([`Health`]). Calls already sent on the old connection finish or time out on it; it
+/// is closed when the last of them lets go.
 pub(crate) struct Managed {
-    current: ArcSwap<ConnectionManager>,
+    current: ArcSwap<Tracked>,
     client: redis::Client,
     config: ConnectionManagerConfig,
+    probe_limit: Duration,
+}
+
+/// A connection manager and its health.
+struct Tracked {
+    manager: ConnectionManager,
+    health: Arc<Health>,
 }
 
 impl Managed {
+    /// `probe_limit` bounds the `PING` that settles a suspected stall (the connect timeout).
     pub(crate) fn new(
         manager: ConnectionManager,
         client: redis::Client,
         config: ConnectionManagerConfig,
+        probe_limit: Duration,
     ) -> Self {
         Self {
-            current: ArcSwap::from_pointee(manager),
+            current: ArcSwap::from_pointee(Tracked {
+                manager,
+                health: Arc::default(),
+            }),
             client,
             config,
+            probe_limit,
         }
     }
 
-    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let conn = self.current.load_full();
-        let mut guard = ReplaceOnAbandon::new(self, &conn);
-        let result = (*conn).clone().req_packed_command(cmd).await;
-        guard.finished();
+    async fn command(self: &Arc<Self>, cmd: &Cmd) -> RedisResult<Value> {
+        let conn = self.current.load();
+        let mut manager = conn.manager.clone();
+        let call = InFlight::new(&conn.health, || self.suspect(&conn));
+        let result = manager.req_packed_command(cmd).await;
+        call.done(result.is_ok());
         result
     }
 
-    async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
-        let conn = self.current.load_full();
-        let mut guard = ReplaceOnAbandon::new(self, &conn);
-        let result = (*conn).clone().req_packed_commands(pipe, 0, count).await;
-        guard.finished();
+    async fn pipeline(self: &Arc<Self>, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        let conn = self.current.load();
+        let mut manager = conn.manager.clone();
+        let call = InFlight::new(&conn.health, || self.suspect(&conn));
+        let result = manager.req_packed_commands(pipe, 0, count).await;
+        call.done(result.is_ok());
         result
+    }
+
+    /// Probes `conn`, and replaces it if the probe gets no answer.
+    fn suspect(self: &Arc<Self>, conn: &Arc<Tracked>) {
+        let (this, stale) = (Arc::clone(self), Arc::clone(conn));
+        probe(
+            conn.manager.clone(),
+            Arc::clone(&conn.health),
+            self.probe_limit,
+            move || this.replace(&stale),
+        );
     }
 
     /// Replaces `stale` by a fresh connection (made on first use), unless it was replaced
     /// already.
-    fn replace(&self, stale: &Arc<ConnectionManager>) {
+    fn replace(&self, stale: &Arc<Tracked>) {
         if !Arc::ptr_eq(&self.current.load(), stale) {
-            return; // another abandoned call replaced it first
+            return;
         }
-        let Ok(fresh) =
+        let Ok(manager) =
             ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
         else {
             return; // the settings built the first one; keep it rather than none
         };
-        self.current.compare_and_swap(stale, Arc::new(fresh));
-    }
-}
-
-/// Replaces the multiplexed connection if the call is dropped before it has its reply (its
-/// deadline fired).
-struct ReplaceOnAbandon<'a> {
-    managed: &'a Managed,
-    conn: &'a Arc<ConnectionManager>,
-    armed: bool,
-}
-
-impl<'a> ReplaceOnAbandon<'a> {
-    fn new(managed: &'a Managed, conn: &'a Arc<ConnectionManager>) -> Self {
-        Self {
-            managed,
-            conn,
-            armed: true,
-        }
-    }
-
-    fn finished(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for ReplaceOnAbandon<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.managed.replace(self.conn);
-        }
+        let fresh = Arc::new(Tracked {
+            manager,
+            health: Arc::default(),
+        });
+        self.current.compare_and_swap(stale, fresh);
     }
 }
 
@@ -183,8 +286,10 @@ impl Drop for ReplaceOnAbandon<'_> {
 /// A bb8 pool of multiplexed connections, and the connect errors its background connects meet.
 #[derive(Clone)]
 pub(crate) struct Pool {
-    pool: bb8::Pool<PoolManager>,
+    connections: bb8::Pool<PoolManager>,
     errors: ConnectErrors,
+    /// Bounds the `PING` that settles a suspected stall ([`Health`]): the connect timeout.
+    probe_limit: Duration,
 }
 
 impl Pool {
@@ -202,7 +307,11 @@ impl Pool {
             .queue_strategy(bb8::QueueStrategy::Fifo)
             .connection_timeout(connect_timeout)
             .build_unchecked(PoolManager::new(client, connect_timeout));
-        Self { pool, errors }
+        Self {
+            connections: pool,
+            errors,
+            probe_limit: connect_timeout,
+        }
     }
 }
 
@@ -270,10 +379,10 @@ fn pool_error(e: bb8::RunError<RedisError>) -> RedisError {
 /// The usual case — an idle connection, handed out on the first poll — costs one atomic load
 /// more than `get()`. Only a call that has to wait for a connection registers for the
 /// connect-failure wake-up, and fails with that error if a connect fails meanwhile.
-async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<AtomicBool>)> {
+async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<Health>)> {
     loop {
         let failures = pool.errors.count();
-        let get = pool.pool.get();
+        let get = pool.connections.get();
         tokio::pin!(get);
         let first = std::future::poll_fn(|cx| Poll::Ready(get.as_mut().poll(cx))).await;
         let pooled = match first {
@@ -292,43 +401,37 @@ async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<Atomic
             }
         };
         // A broken connection goes back now, and bb8 drops it (`has_broken`).
-        if !pooled.broken.load(Ordering::Relaxed) {
-            return Ok((pooled.conn.clone(), pooled.broken.clone()));
+        if !pooled.health.broken.load(Ordering::Relaxed) {
+            return Ok((pooled.conn.clone(), Arc::clone(&pooled.health)));
         }
     }
 }
 
 impl Pool {
     /// Checks a connection out, runs `call` on it, and flags the connection broken if the call
-    /// failed with an error that needs a reconnect, or was abandoned before its reply (its
-    /// deadline fired: the connection may hang on a path that died without a reset, see
-    /// [`Managed`]); the next checkout then drops it and bb8 makes a new one.
+    /// failed with an error that needs a reconnect, or stalled ([`Health`]: abandoned after a
+    /// wait with nothing back on the connection, and then silent to a `PING`); the next
+    /// checkout then drops it and bb8 makes a new one.
     async fn send<T>(
         &self,
         call: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
     ) -> RedisResult<T> {
-        let (mut conn, broken) = checkout(self).await?;
-        let mut flag = FlagOnAbandon(Some(&broken));
+        let (mut conn, health) = checkout(self).await?;
+        let prober = conn.clone();
+        let flight = InFlight::new(&health, || {
+            let suspect = Arc::clone(&health);
+            probe(prober, Arc::clone(&health), self.probe_limit, move || {
+                suspect.broken.store(true, Ordering::Relaxed);
+            });
+        });
         let result = call(&mut conn).await;
-        flag.0 = None;
+        flight.done(result.is_ok());
         if let Err(e) = &result
             && e.is_unrecoverable_error()
         {
-            broken.store(true, Ordering::Relaxed);
+            health.broken.store(true, Ordering::Relaxed);
         }
         result
-    }
-}
-
-/// Flags a pooled connection broken when dropped armed: armed for the length of a call, and
-/// disarmed once the reply is in.
-struct FlagOnAbandon<'a>(Option<&'a AtomicBool>);
-
-impl Drop for FlagOnAbandon<'_> {
-    fn drop(&mut self) {
-        if let Some(broken) = self.0 {
-            broken.store(true, Ordering::Relaxed);
-        }
     }
 }
 
@@ -364,7 +467,7 @@ impl PoolManager {
 /// A pooled connection and whether it must be replaced.
 pub(crate) struct PooledConn {
     conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+    health: Arc<Health>,
 }
 
 impl bb8::ManageConnection for PoolManager {
@@ -377,7 +480,7 @@ impl bb8::ManageConnection for PoolManager {
                 .client
                 .get_multiplexed_async_connection_with_config(&self.config)
                 .await?,
-            broken: Arc::new(AtomicBool::new(false)),
+            health: Arc::default(),
         })
     }
 
@@ -395,7 +498,7 @@ impl bb8::ManageConnection for PoolManager {
     }
 
     fn has_broken(&self, conn: &mut PooledConn) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+        conn.health.broken.load(Ordering::Relaxed)
     }
 }
 

@@ -90,11 +90,21 @@ async fn latency_beyond_the_deadline_is_a_timeout_and_no_call_outlives_it() {
             StoreError::Timeout(DEADLINE).class(),
             ErrorClass::Unavailable
         );
-        // Latency under the deadline: calls succeed again, slower.
+        // Latency under the deadline: calls succeed again, slower (once what was sent at the
+        // old latency — the timed-out calls, and the PING that checks the connection is alive
+        // after them — has drained: the proxy keeps each direction in order), and over the
+        // same connection: slow is not dead.
+        let before = proxy.stats().accepted;
         proxy.set_latency(Duration::from_millis(20));
+        recovers(name, &store).await;
         let (out, took) = bounded(&store, 1).await;
         out.unwrap_or_else(|e| panic!("{name}: 40 ms round trip under a 100 ms deadline: {e}"));
         proxy.set_latency(Duration::ZERO);
+        assert_eq!(
+            proxy.stats().accepted,
+            before,
+            "{name}: a slow connection is kept"
+        );
         eprintln!(
             "proxy latency ({name}): 16 calls at +160 ms RTT all timed out, slowest returned after \
              {slowest:?} (deadline {DEADLINE:?}); at +40 ms RTT a call took {took:?}"
@@ -226,5 +236,45 @@ async fn a_connection_that_hangs_silently_is_replaced() {
         for i in 0..20 {
             bounded(&store, i).await.0.unwrap();
         }
+    }
+}
+
+/// Callers that give up early (a cancelled request: the future dropped after 5 ms, on a
+/// connection whose round trip takes 40 ms) say nothing of the connection: it is kept, not
+/// replaced, and the next call goes over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_calls_do_not_replace_the_connection() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    for name in KINDS {
+        let builder = RedisStore::builder(proxy.url()).timeout(Duration::from_secs(10));
+        let store = if name == "pool" {
+            builder.pool(1)
+        } else {
+            builder
+        }
+        .build()
+        .await
+        .unwrap();
+        store.acquire(&key(0), &policy(), 1).await.unwrap();
+        let before = proxy.stats().accepted;
+        proxy.set_latency(Duration::from_millis(20));
+        for i in 0..10 {
+            let (k, p) = (key(i), policy());
+            let call = store.acquire(&k, &p, 1);
+            assert!(
+                tokio::time::timeout(Duration::from_millis(5), call)
+                    .await
+                    .is_err(),
+                "{name}: cancelled before its reply"
+            );
+        }
+        store.acquire(&key(0), &policy(), 1).await.unwrap();
+        proxy.set_latency(Duration::ZERO);
+        assert_eq!(
+            proxy.stats().accepted - before,
+            0,
+            "{name}: no new connection for cancelled calls"
+        );
     }
 }
