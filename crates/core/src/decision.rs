@@ -89,6 +89,25 @@ impl Decision {
     }
 }
 
+/// Whole seconds, rounded up; `u64::MAX` for a duration that does not fit (`Duration::MAX`).
 fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_up_and_saturate() {
+        let mut d = Decision::shared(false, 10, 0, Some(1_000_001), 2_000_000);
+        assert_eq!((d.retry_after_secs(), d.reset_after_secs()), (Some(2), 2));
+        // A wait too long for whole seconds plus one (a "never" probe interval) saturates.
+        d.retry_after = Some(Duration::MAX);
+        d.reset_after = Duration::MAX;
+        assert_eq!(
+            (d.retry_after_secs(), d.reset_after_secs()),
+            (Some(u64::MAX), u64::MAX)
+        );
+    }
 }

@@ -478,7 +478,14 @@ impl Limiter {
                 let mut asked = if ask.is_empty() {
                     Vec::new()
                 } else {
-                    Box::pin(self.decide_many(&ask, cost, policy, started)).await?
+                    match Box::pin(self.decide_many(&ask, cost, policy, started)).await {
+                        Ok(asked) => asked,
+                        // The whole call fails: the cached answers are refused with the rest
+                        // (decide_many recorded those it was given).
+                        Err(e) => {
+                            return Err(self.refuse_batch(keys.len() - ask.len(), e, started));
+                        }
+                    }
                 }
                 .into_iter();
                 return Ok(cached

@@ -188,3 +188,80 @@ async fn a_batch_takes_an_unbounded_timeout() {
     let out = limiter.check_many(&keys, 1).await.unwrap();
     assert!(out.iter().all(|r| r.as_ref().unwrap().allowed), "{out:?}");
 }
+
+/// Fails every batch as a whole with a script error (a bug); single calls go through.
+struct BrokenBatches {
+    inner: LocalStore,
+}
+
+#[async_trait]
+impl Store for BrokenBatches {
+    async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.acquire(key, policy, cost).await
+    }
+
+    async fn acquire_many(&self, _: &[Acquire<'_>]) -> Result<Batch, StoreError> {
+        Err(StoreError::Script("boom".into()))
+    }
+
+    async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
+        self.inner.peek(key, policy, cost).await
+    }
+
+    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+}
+
+/// A batch that fails as a whole counts every key it was asked for in the decision metrics,
+/// including keys the deny cache would have answered (they are refused with the rest).
+#[test]
+fn a_batch_failing_whole_counts_every_key_even_the_cached_ones() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let policy = Policy::fixed_window(1, Duration::from_secs(3600)).unwrap();
+            let limiter = Limiter::builder("broken", policy)
+                .store(Arc::new(BrokenBatches {
+                    inner: LocalStore::new(),
+                }))
+                .failure_mode(FailureMode::Closed)
+                .deny_cache(10)
+                .build()
+                .unwrap();
+            assert!(limiter.check(["a"], 1).await.unwrap().allowed);
+            assert!(
+                !limiter.check(["a"], 1).await.unwrap().allowed,
+                "now cached"
+            );
+            let keys: Vec<Key> = ["a", "b", "c"]
+                .iter()
+                .map(|k| limiter.key([k]).unwrap())
+                .collect();
+            let out = limiter.check_many(&keys, 1).await;
+            assert!(matches!(out, Err(Error::Store(_))), "{out:?}");
+        });
+    });
+    let errors = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(ck, _, _, v)| {
+            let key = ck.key();
+            let wanted = key.name() == "tollgate_decisions_total"
+                && key
+                    .labels()
+                    .any(|l| l.key() == "outcome" && l.value() == "error");
+            match v {
+                DebugValue::Counter(n) if wanted => Some(n),
+                _ => None,
+            }
+        });
+    assert_eq!(errors, Some(3), "one per key asked for");
+}
