@@ -121,10 +121,16 @@ pub(crate) struct Health {
 }
 
 impl Health {
-    fn suspect(&self, sent_us: u64) -> bool {
+    /// A call sent at `sent_us` and abandoned now waited at least [`STALL_FLOOR_US`] with
+    /// nothing back on the connection meanwhile.
+    fn silent_since(&self, sent_us: u64) -> bool {
         now_us().saturating_sub(sent_us) >= STALL_FLOOR_US
             && self.last_reply_us.load(Ordering::Acquire) < sent_us
-            && !self.probing.swap(true, Ordering::AcqRel)
+    }
+
+    /// [`Health::silent_since`], and no probe running yet (this one starts it).
+    fn suspect(&self, sent_us: u64) -> bool {
+        self.silent_since(sent_us) && !self.probing.swap(true, Ordering::AcqRel)
     }
 
     fn replied(&self) {
@@ -509,8 +515,10 @@ impl bb8::ManageConnection for PoolManager {
 ///
 /// The connection is dropped — and the next call asks the sentinels again — when a call fails
 /// in a way that says this may no longer be the primary: an I/O error or dropped connection (it
-/// died), `READONLY` (it was demoted), `MASTERDOWN`, or a call abandoned at its deadline (it
-/// hangs, and may have been failed over from). A failed call is never resent, so a decision is
+/// died), `READONLY` (it was demoted), `MASTERDOWN`, or a call abandoned after a wait with
+/// nothing back on the connection since it was sent ([`Health::silent_since`]: it hangs, and
+/// may have been failed over from; a caller that gave up sooner says nothing of the
+/// connection). A failed call is never resent, so a decision is
 /// applied at most once. Only one resolution runs at a time; it runs on its own task, so a
 /// caller's deadline cannot abandon it half done.
 pub(crate) struct SentinelConn {
@@ -525,6 +533,8 @@ struct Current {
     /// Bumped at every resolution, so a stale failure cannot drop a newer connection.
     generation: u64,
     conn: Option<MultiplexedConnection>,
+    /// The current connection's.
+    health: Arc<Health>,
 }
 
 impl SentinelConn {
@@ -541,9 +551,12 @@ impl SentinelConn {
         }
     }
 
-    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
+    fn cached(&self) -> Option<(u64, MultiplexedConnection, Arc<Health>)> {
         let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        current.conn.clone().map(|c| (current.generation, c))
+        current
+            .conn
+            .clone()
+            .map(|c| (current.generation, c, Arc::clone(&current.health)))
     }
 
     fn invalidate(&self, generation: u64) {
@@ -554,7 +567,7 @@ impl SentinelConn {
     }
 
     /// The current primary's connection, asking the sentinels for it if there is none.
-    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection, Arc<Health>)> {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
@@ -581,7 +594,8 @@ impl SentinelConn {
             let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
             current.generation += 1;
             current.conn = Some(conn.clone());
-            Ok((current.generation, conn))
+            current.health = Arc::default();
+            Ok((current.generation, conn, Arc::clone(&current.health)))
         });
         resolve.await.map_err(|e| {
             RedisError::from(io::Error::other(format!("Sentinel resolution failed: {e}")))
@@ -589,8 +603,8 @@ impl SentinelConn {
     }
 
     async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let (generation, mut conn) = self.connection().await?;
-        let mut guard = DropOnAbandon::new(self, generation);
+        let (generation, mut conn, health) = self.connection().await?;
+        let mut guard = DropOnAbandon::new(self, generation, &health);
         let result = conn.req_packed_command(cmd).await;
         guard.finished(match &result {
             Err(e) => not_the_primary(e),
@@ -601,8 +615,8 @@ impl SentinelConn {
     }
 
     async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
-        let (generation, mut conn) = self.connection().await?;
-        let mut guard = DropOnAbandon::new(self, generation);
+        let (generation, mut conn, health) = self.connection().await?;
+        let mut guard = DropOnAbandon::new(self, generation, &health);
         let result = conn.req_packed_commands(pipe, 0, count).await;
         guard.finished(match &result {
             Err(e) => not_the_primary(e),
@@ -614,31 +628,43 @@ impl SentinelConn {
     }
 }
 
-/// Drops the Sentinel connection if the call is abandoned (its deadline fired) or finished
-/// with an error that says the server may no longer be the primary.
+/// Drops the Sentinel connection if the call is abandoned after a silent wait
+/// ([`Health::silent_since`]) or finished with an error that says the server may no longer be
+/// the primary.
 struct DropOnAbandon<'a> {
     conn: &'a SentinelConn,
     generation: u64,
-    armed: bool,
+    health: &'a Health,
+    sent_us: u64,
+    /// `None` while in flight; then whether to drop the connection.
+    finished: Option<bool>,
 }
 
 impl<'a> DropOnAbandon<'a> {
-    fn new(conn: &'a SentinelConn, generation: u64) -> Self {
+    fn new(conn: &'a SentinelConn, generation: u64, health: &'a Health) -> Self {
         Self {
             conn,
             generation,
-            armed: true,
+            health,
+            sent_us: now_us(),
+            finished: None,
         }
     }
 
     fn finished(&mut self, drop_connection: bool) {
-        self.armed = drop_connection;
+        if !drop_connection {
+            self.health.replied();
+        }
+        self.finished = Some(drop_connection);
     }
 }
 
 impl Drop for DropOnAbandon<'_> {
     fn drop(&mut self) {
-        if self.armed {
+        let drop_connection = self
+            .finished
+            .unwrap_or_else(|| self.health.silent_since(self.sent_us));
+        if drop_connection {
             self.conn.invalidate(self.generation);
         }
     }
