@@ -102,8 +102,9 @@ fn now_us() -> u64 {
     u64::try_from(EPOCH.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-/// What a connection's calls tell of it: when its last reply came, whether a probe of it is
-/// running, and (for a pooled one) whether it must be replaced.
+/// What a connection's calls tell of it: the latest send time of a call that got its answer,
+/// whether a probe of it is wanted or running, and (for a pooled one) whether it must be
+/// replaced.
 ///
 /// A path that died without a reset (a NAT or firewall that dropped its state) fails no call
 /// and drops nothing: calls are only abandoned at their deadlines, until the kernel gives up
@@ -115,8 +116,16 @@ fn now_us() -> u64 {
 /// replaces the connection.
 #[derive(Default)]
 pub(crate) struct Health {
+    /// The latest send time ([`now_us`]) of a call answered on the connection: any answer to
+    /// a call sent at or after a moment shows the connection answered after it. (A call sent
+    /// earlier and answered later is not counted, which can only raise a suspicion that the
+    /// probe then clears.) The send time, so an answer costs no second reading of the clock.
     last_reply_us: AtomicU64,
+    /// A suspicion was raised and its probe has not finished.
     probing: AtomicBool,
+    /// A pooled connection's suspicion waits for its next checkout to start the probe (which
+    /// needs a handle on the connection that the call that raised it did not keep).
+    probe_wanted: AtomicBool,
     broken: AtomicBool,
 }
 
@@ -133,8 +142,11 @@ impl Health {
         self.silent_since(sent_us) && !self.probing.swap(true, Ordering::AcqRel)
     }
 
-    fn replied(&self) {
-        self.last_reply_us.fetch_max(now_us(), Ordering::AcqRel);
+    /// A call sent at `sent_us` got its answer.
+    fn replied(&self, sent_us: u64) {
+        if self.last_reply_us.load(Ordering::Relaxed) < sent_us {
+            self.last_reply_us.fetch_max(sent_us, Ordering::AcqRel);
+        }
     }
 }
 
@@ -153,9 +165,10 @@ fn probe(
     };
     runtime.spawn(async move {
         let ping = redis::cmd("PING");
+        let sent = now_us();
         let pong = tokio::time::timeout(limit, conn.req_packed_command(&ping)).await;
         if matches!(pong, Ok(Ok(_))) {
-            health.replied();
+            health.replied(sent);
         } else {
             on_dead();
         }
@@ -184,7 +197,7 @@ impl<'a, F: FnOnce()> InFlight<'a, F> {
     fn done(mut self, replied: bool) {
         self.on_suspect = None;
         if replied {
-            self.health.replied();
+            self.health.replied(self.sent_us);
         }
     }
 }
@@ -406,9 +419,21 @@ async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<Health
                 }
             }
         };
+        let health = &pooled.health;
+        if health.probe_wanted.load(Ordering::Relaxed)
+            && health.probe_wanted.swap(false, Ordering::AcqRel)
+        {
+            let suspect = Arc::clone(health);
+            probe(
+                pooled.conn.clone(),
+                Arc::clone(health),
+                pool.probe_limit,
+                move || suspect.broken.store(true, Ordering::Relaxed),
+            );
+        }
         // A broken connection goes back now, and bb8 drops it (`has_broken`).
-        if !pooled.health.broken.load(Ordering::Relaxed) {
-            return Ok((pooled.conn.clone(), Arc::clone(&pooled.health)));
+        if !health.broken.load(Ordering::Relaxed) {
+            return Ok((pooled.conn.clone(), Arc::clone(health)));
         }
     }
 }
@@ -423,12 +448,8 @@ impl Pool {
         call: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
     ) -> RedisResult<T> {
         let (mut conn, health) = checkout(self).await?;
-        let prober = conn.clone();
         let flight = InFlight::new(&health, || {
-            let suspect = Arc::clone(&health);
-            probe(prober, Arc::clone(&health), self.probe_limit, move || {
-                suspect.broken.store(true, Ordering::Relaxed);
-            });
+            health.probe_wanted.store(true, Ordering::Release);
         });
         let result = call(&mut conn).await;
         flight.done(result.is_ok());
@@ -653,7 +674,7 @@ impl<'a> DropOnAbandon<'a> {
 
     fn finished(&mut self, drop_connection: bool) {
         if !drop_connection {
-            self.health.replied();
+            self.health.replied(self.sent_us);
         }
         self.finished = Some(drop_connection);
     }
