@@ -769,15 +769,14 @@ fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
 /// nodes in parallel). A key's commands stay in the batch's order, since concurrent commands
 /// on one node are not bound to arrive in the order they were issued and a batch applies its
 /// requests in order: a key with one command sends it alone, following `MOVED` and `ASK`
-/// ([`cluster_command`]); a key with several sends them as one pipeline to its slot's primary,
-/// in order, in one round trip. Commands are not sent as one cluster pipeline across keys,
+/// ([`cluster_command`]); a key with several sends them as one transaction to its slot's
+/// primary, in order, in one round trip ([`key_pipeline`]). Commands are not sent as one cluster pipeline across keys,
 /// because a redirection of one command would fail the whole pipeline, losing the others'
 /// replies. Plain error replies (`NOSCRIPT`, a script error) stay in place; a connection
 /// failure, or a cluster state that outlasts the redirections (`CLUSTERDOWN`, `TRYAGAIN`),
-/// fails that command alone — or, for a key's pipeline, every command of that key, as one
-/// that may have run (a redirection inside it, during a slot migration, hides which did). A
-/// command not answered by `cut` fails alone as timed out (an I/O error, class unavailable):
-/// it may have run, as any call that times out.
+/// fails that command alone (a key's transaction lost with its connection fails all of its
+/// commands). A command not answered by `cut` fails alone as timed out (an I/O error, class
+/// unavailable): it may have run, as any call that times out.
 async fn cluster_pipeline(
     cluster: &ClusterConnection,
     pipe: &Pipeline,
@@ -846,11 +845,14 @@ async fn by_cut<T>(
     }
 }
 
-/// The commands `chain` of `cmds`, all on `key`, as one pipeline to the primary of `key`'s
-/// slot: applied in order, one round trip. The cluster connection does not retry, so the
-/// pipeline is sent once; if it fails as a whole (an I/O error, or a redirection or cluster
-/// state error in any reply, which hides the others), every command of it fails as unavailable
-/// and may have run.
+/// The commands `chain` of `cmds`, all on `key`, as one transaction (`MULTI` … `EXEC`) to the
+/// primary of `key`'s slot: applied in order, one round trip. A transaction runs whole or not
+/// at all, so when the server refuses it — a redirection (`MOVED`, `ASK`: the slot moved or is
+/// moving), `TRYAGAIN`, `CLUSTERDOWN`, or an `EXECABORT` for any of these met while queueing —
+/// none of its commands ran, and they are sent again one after another, each following its
+/// redirection as a lone command does ([`cluster_command`]). The cluster connection does not
+/// retry, so a transaction is sent once; one lost to the connection (an I/O error, the cut)
+/// may have run, and every command of it fails as unavailable.
 async fn key_pipeline(
     cluster: &ClusterConnection,
     cmds: &[&Cmd],
@@ -859,38 +861,63 @@ async fn key_pipeline(
     cut: Option<tokio::time::Instant>,
 ) -> Vec<(usize, RedisResult<Value>)> {
     let mut pipe = Pipeline::with_capacity(chain.len());
+    pipe.atomic();
     for &i in chain {
         pipe.add_command(cmds[i].clone());
     }
     let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
     let mut conn = cluster.clone();
-    let replies = by_cut(cut, conn.route_pipeline(pipe, 0, chain.len(), route)).await;
-    match replies {
-        Ok(values) if values.len() == chain.len() => chain
+    // The replies: MULTI's, one `QUEUED` per command, then EXEC's array (the one kept).
+    let exec = by_cut(cut, conn.route_pipeline(pipe, chain.len() + 1, 1, route)).await;
+    let lost = |e: RedisError| -> Vec<(usize, RedisResult<Value>)> {
+        let e = RedisError::from(io::Error::other(format!(
+            "{} requests on one key were lost with their connection and may have run: {e}",
+            chain.len()
+        )));
+        chain.iter().map(|&i| (i, Err(e.clone()))).collect()
+    };
+    match exec.map(|mut replies| replies.pop()) {
+        Ok(Some(Value::Array(values))) if values.len() == chain.len() => chain
             .iter()
             .zip(values)
             .map(|(&i, v)| (i, v.extract_error()))
             .collect(),
-        Ok(values) => {
-            let e = RedisError::from((
-                ErrorKind::Parse,
-                "a key's pipeline returned the wrong number of replies",
-                format!("{} for {} commands", values.len(), chain.len()),
-            ));
-            chain.iter().map(|&i| (i, Err(e.clone()))).collect()
-        }
-        Err(e) => {
-            let e = if e.kind() == ErrorKind::Io {
-                e
-            } else {
-                RedisError::from(io::Error::other(format!(
-                    "{} requests on one key failed together, some may have run: {e}",
-                    chain.len()
-                )))
-            };
-            chain.iter().map(|&i| (i, Err(e.clone()))).collect()
-        }
+        // Refused whole by the server (EXECABORT, or a redirection of EXEC itself): none ran.
+        Ok(Some(Value::ServerError(_) | Value::Nil)) => one_by_one(cluster, cmds, chain, cut).await,
+        Err(e) if refused_whole(&e) => one_by_one(cluster, cmds, chain, cut).await,
+        Ok(other) => lost(RedisError::from((
+            ErrorKind::Parse,
+            "unexpected reply to a key's transaction",
+            format!("{other:?}"),
+        ))),
+        Err(e) => lost(e),
     }
+}
+
+/// A transaction's error that the server gave instead of running it: no command of it ran.
+fn refused_whole(e: &RedisError) -> bool {
+    !(e.kind() == ErrorKind::Io
+        || e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal())
+        && e.code().is_some()
+}
+
+/// The commands `chain` of `cmds` one after another, in order, each following its own
+/// redirection ([`cluster_command`]).
+async fn one_by_one(
+    cluster: &ClusterConnection,
+    cmds: &[&Cmd],
+    chain: &[usize],
+    cut: Option<tokio::time::Instant>,
+) -> Vec<(usize, RedisResult<Value>)> {
+    let mut replies = Vec::with_capacity(chain.len());
+    for &i in chain {
+        let reply = by_cut(cut, cluster_command(cluster, cmds[i])).await;
+        replies.push((i, reply.and_then(Value::extract_error)));
+    }
+    replies
 }
 
 /// The key of a script call (`EVALSHA`/`EVAL sha-or-source numkeys key …`): the 4th argument,

@@ -287,6 +287,54 @@ async fn a_batch_repeating_one_key_is_one_round_trip() {
     assert!(admitted[..10].iter().all(|&a| a), "the first ten, in order");
 }
 
+/// A key with several requests in a batch goes as one transaction; while its slot is moving
+/// (the `ASK` window, the key already on the importing node) and just after the move (a stale
+/// slot map: `MOVED`), the server refuses the transaction whole, nothing of it runs, and the
+/// requests are sent again one by one following the redirection: every request is decided,
+/// each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_requests_follow_a_moving_slot() {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::fixed_window(1_000, HOUR).unwrap();
+    let key = Key::new("moving", ["k0"]).unwrap();
+    let slot = RedisCluster::slot_of(store.redis_key(&key, &policy));
+    let remaining = |out: &tollgate_core::Batch| -> Vec<u64> {
+        out.iter()
+            .map(|d| {
+                d.as_ref()
+                    .unwrap_or_else(|e| panic!("decided: {e}"))
+                    .remaining
+            })
+            .collect()
+    };
+    let two = vec![tollgate_core::Acquire::new(&key, &policy, 1); 2];
+    assert_eq!(
+        remaining(&store.acquire_many(&two).await.unwrap()),
+        [999, 998]
+    );
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let migration = tokio::task::block_in_place(|| cluster.begin_slot_migration(slot, from, to, 1));
+    let mut left = 998;
+    for _ in 0..3 {
+        let got = remaining(&store.acquire_many(&two).await.unwrap());
+        assert_eq!(got, [left - 1, left - 2], "in the ASK window");
+        left -= 2;
+    }
+    tokio::task::block_in_place(|| migration.finish());
+    for _ in 0..2 {
+        let got = remaining(&store.acquire_many(&two).await.unwrap());
+        assert_eq!(got, [left - 1, left - 2], "after the move");
+        left -= 2;
+    }
+    // Each request applied once: a peek answers what one more would leave.
+    assert_eq!(
+        store.peek(&key, &policy, 1).await.unwrap().remaining,
+        left - 1
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Slot migration
 
