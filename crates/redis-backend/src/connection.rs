@@ -164,15 +164,23 @@ fn probe(
         return;
     };
     runtime.spawn(async move {
+        // Ends the probe however the task ends (a runtime shutting down cancels it), so the
+        // connection can be suspected again.
+        struct Probing(Arc<Health>);
+        impl Drop for Probing {
+            fn drop(&mut self) {
+                self.0.probing.store(false, Ordering::Release);
+            }
+        }
+        let probing = Probing(health);
         let ping = redis::cmd("PING");
         let sent = now_us();
         let pong = tokio::time::timeout(limit, conn.req_packed_command(&ping)).await;
         if matches!(pong, Ok(Ok(_))) {
-            health.replied(sent);
+            probing.0.replied(sent);
         } else {
             on_dead();
         }
-        health.probing.store(false, Ordering::Release);
     });
 }
 
@@ -271,6 +279,11 @@ impl Managed {
 
     /// Probes `conn`, and replaces it if the probe gets no answer.
     fn suspect(self: &Arc<Self>, conn: &Arc<Tracked>) {
+        if !Arc::ptr_eq(&self.current.load(), conn) {
+            // Replaced already: a call still in flight on the old one says nothing new.
+            conn.health.probing.store(false, Ordering::Release);
+            return;
+        }
         let (this, stale) = (Arc::clone(self), Arc::clone(conn));
         probe(
             conn.manager.clone(),
@@ -536,10 +549,10 @@ impl bb8::ManageConnection for PoolManager {
 ///
 /// The connection is dropped — and the next call asks the sentinels again — when a call fails
 /// in a way that says this may no longer be the primary: an I/O error or dropped connection (it
-/// died), `READONLY` (it was demoted), `MASTERDOWN`, or a call abandoned after a wait with
-/// nothing back on the connection since it was sent ([`Health::silent_since`]: it hangs, and
-/// may have been failed over from; a caller that gave up sooner says nothing of the
-/// connection). A failed call is never resent, so a decision is
+/// died), `READONLY` (it was demoted), `MASTERDOWN`, or a stall ([`Health`]: a call abandoned
+/// after a silent wait, then a `PING` unanswered within the resolve timeout: it hangs, and may
+/// have been failed over from; a caller that gave up sooner, or a primary that is only slow,
+/// says nothing of the connection). A failed call is never resent, so a decision is
 /// applied at most once. Only one resolution runs at a time; it runs on its own task, so a
 /// caller's deadline cannot abandon it half done.
 pub(crate) struct SentinelConn {
@@ -581,10 +594,27 @@ impl SentinelConn {
     }
 
     fn invalidate(&self, generation: u64) {
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.generation == generation {
-            current.conn = None;
-        }
+        invalidate(&self.current, generation);
+    }
+
+    /// Probes the connection of `generation` ([`Health`]), and drops it if the probe gets no
+    /// answer; nothing if it was replaced already.
+    fn suspect(&self, generation: u64, health: &Arc<Health>) {
+        let conn = {
+            let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            current
+                .conn
+                .clone()
+                .filter(|_| current.generation == generation)
+        };
+        let Some(conn) = conn else {
+            health.probing.store(false, Ordering::Release);
+            return;
+        };
+        let current = Arc::clone(&self.current);
+        probe(conn, Arc::clone(health), self.resolve_timeout, move || {
+            invalidate(&current, generation);
+        });
     }
 
     /// The current primary's connection, asking the sentinels for it if there is none.
@@ -649,20 +679,20 @@ impl SentinelConn {
     }
 }
 
-/// Drops the Sentinel connection if the call is abandoned after a silent wait
-/// ([`Health::silent_since`]) or finished with an error that says the server may no longer be
-/// the primary.
+/// Drops the Sentinel connection if the call finished with an error that says the server may
+/// no longer be the primary, or probes it ([`Health`]) if the call is abandoned after a silent
+/// wait.
 struct DropOnAbandon<'a> {
     conn: &'a SentinelConn,
     generation: u64,
-    health: &'a Health,
+    health: &'a Arc<Health>,
     sent_us: u64,
     /// `None` while in flight; then whether to drop the connection.
     finished: Option<bool>,
 }
 
 impl<'a> DropOnAbandon<'a> {
-    fn new(conn: &'a SentinelConn, generation: u64, health: &'a Health) -> Self {
+    fn new(conn: &'a SentinelConn, generation: u64, health: &'a Arc<Health>) -> Self {
         Self {
             conn,
             generation,
@@ -682,12 +712,23 @@ impl<'a> DropOnAbandon<'a> {
 
 impl Drop for DropOnAbandon<'_> {
     fn drop(&mut self) {
-        let drop_connection = self
-            .finished
-            .unwrap_or_else(|| self.health.silent_since(self.sent_us));
-        if drop_connection {
-            self.conn.invalidate(self.generation);
+        match self.finished {
+            Some(true) => self.conn.invalidate(self.generation),
+            Some(false) => {}
+            None => {
+                if self.health.suspect(self.sent_us) {
+                    self.conn.suspect(self.generation, self.health);
+                }
+            }
         }
+    }
+}
+
+/// Drops the connection of `generation`, unless a newer one replaced it.
+fn invalidate(current: &Mutex<Current>, generation: u64) {
+    let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
+    if current.generation == generation {
+        current.conn = None;
     }
 }
 

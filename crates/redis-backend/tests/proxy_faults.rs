@@ -278,3 +278,57 @@ async fn cancelled_calls_do_not_replace_the_connection() {
         );
     }
 }
+
+/// A primary that is only slow (a round trip of ~60 ms against a 40 ms deadline: every call
+/// times out, yet the connection answers) keeps its connection, on the multiplexed kind and
+/// behind Sentinel alike: the `PING` that checks a suspected stall gets its answer, so nothing
+/// reconnects or asks the sentinels again. (Before, Sentinel re-resolved and reconnected on
+/// about every second timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_primary_keeps_its_connection() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let sentinel = RedisServer::builder()
+        .config_file(format!(
+            "sentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 60000\n",
+            proxy.port()
+        ))
+        .extra_args(["--sentinel"])
+        .start();
+    for kind in ["sentinel", "multiplexed", "pool"] {
+        let builder = match kind {
+            "sentinel" => RedisStore::sentinel("m", [sentinel.url()]),
+            "pool" => RedisStore::builder(proxy.url()).pool(1),
+            _ => RedisStore::builder(proxy.url()),
+        };
+        let store = builder
+            .timeout(Duration::from_millis(40))
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap();
+        store.acquire(&key(0), &policy(), 1).await.unwrap();
+        let before = proxy.stats().accepted;
+        proxy.set_latency(Duration::from_millis(30));
+        let mut timed_out = 0;
+        for i in 0..20 {
+            if store.acquire(&key(i), &policy(), 1).await.is_err() {
+                timed_out += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The last probe's PING (a 60 ms round trip) has its answer by then.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        proxy.set_latency(Duration::ZERO);
+        let made = proxy.stats().accepted - before;
+        eprintln!(
+            "slow primary ({kind}): {timed_out} of 20 calls timed out, {made} new connections"
+        );
+        assert_eq!(
+            timed_out, 20,
+            "{kind}: a 60 ms round trip misses a 40 ms deadline"
+        );
+        assert_eq!(made, 0, "{kind}: a slow connection is kept");
+        recovers(kind, &store).await;
+    }
+}
