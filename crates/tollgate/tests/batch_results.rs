@@ -1,7 +1,8 @@
 //! `Limiter::check_many` pairs the store's results with the requested keys by position. A
 //! store that answers a batch with another number of results (a bug in a custom `Store`) must
-//! be a clear error, never a shorter or longer list whose decisions may belong to other keys.
-//! The store here is a real `LocalStore` behind a deliberately wrong `acquire_many`.
+//! be a clear error, never a shorter or longer list whose decisions may belong to other keys;
+//! and a batch the store refuses as a whole is handled as its refusal says. The store here is
+//! a real `LocalStore` behind a deliberately odd `acquire_many`.
 
 // Its log and metrics capture; the flood checks are not used here.
 #[allow(dead_code)]
@@ -16,21 +17,46 @@ use tollgate::{
     StoreError,
 };
 
-/// Answers a batch with `extra` more results than asked for (or fewer, when negative).
-struct MiscountingStore {
+/// What [`OddBatches`] does with a batch; single calls always go to its `LocalStore`.
+enum Batches {
+    /// Answers with this many more results than asked for (or fewer, when negative).
+    Miscount(isize),
+    /// Refuses it whole for want of room (a store at its key cap that decides a batch all or
+    /// nothing).
+    Full,
+    /// Fails it whole with a script error (a bug).
+    Broken,
+}
+
+/// A `LocalStore` whose `acquire_many` misbehaves as told.
+struct OddBatches {
     inner: LocalStore,
-    extra: isize,
+    batches: Batches,
+}
+
+impl OddBatches {
+    fn new(batches: Batches) -> Self {
+        Self {
+            inner: LocalStore::new(),
+            batches,
+        }
+    }
 }
 
 #[async_trait]
-impl Store for MiscountingStore {
+impl Store for OddBatches {
     async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         self.inner.acquire(key, policy, cost).await
     }
 
     async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
+        let extra = match self.batches {
+            Batches::Miscount(extra) => extra,
+            Batches::Full => return Err(StoreError::KeyCapReached { cap: 4 }),
+            Batches::Broken => return Err(StoreError::Script("boom".into())),
+        };
         let mut out = self.inner.acquire_many(requests).await?;
-        match usize::try_from(self.extra) {
+        match usize::try_from(extra) {
             Ok(more) => {
                 for _ in 0..more {
                     out.push(out[0].as_ref().map(Clone::clone).map_err(|_| {
@@ -38,7 +64,7 @@ impl Store for MiscountingStore {
                     }));
                 }
             }
-            Err(_) => out.truncate(requests.len().saturating_sub(self.extra.unsigned_abs())),
+            Err(_) => out.truncate(requests.len().saturating_sub(extra.unsigned_abs())),
         }
         Ok(out)
     }
@@ -55,10 +81,7 @@ impl Store for MiscountingStore {
 fn limiter(extra: isize, mode: FailureMode) -> Limiter {
     let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
     Limiter::builder("batch", policy)
-        .store(Arc::new(MiscountingStore {
-            inner: LocalStore::new(),
-            extra,
-        }))
+        .store(Arc::new(OddBatches::new(Batches::Miscount(extra))))
         .failure_mode(mode)
         .build()
         .unwrap()
@@ -98,31 +121,6 @@ async fn a_batch_answered_with_the_wrong_number_of_results_is_an_error() {
     }
 }
 
-/// Refuses every batch as a whole for want of room (a store at its key cap that decides a
-/// batch all or nothing); single calls go through.
-struct FullStore {
-    inner: LocalStore,
-}
-
-#[async_trait]
-impl Store for FullStore {
-    async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.inner.acquire(key, policy, cost).await
-    }
-
-    async fn acquire_many(&self, _: &[Acquire<'_>]) -> Result<Batch, StoreError> {
-        Err(StoreError::KeyCapReached { cap: 4 })
-    }
-
-    async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.inner.peek(key, policy, cost).await
-    }
-
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.inner.reset(key, policy).await
-    }
-}
-
 /// A batch refused as a whole by a store at its key cap is that refusal for each request: each
 /// takes the failure mode, as a single request refused by the cap does, and the breaker counts
 /// none of it (a flood of new keys must not switch limiting off for the keys already held).
@@ -132,9 +130,7 @@ async fn a_batch_refused_whole_at_the_key_cap_takes_the_failure_mode_per_request
     for mode in [FailureMode::Open, FailureMode::Closed] {
         let what = mode.as_str();
         let limiter = Limiter::builder("full", policy)
-            .store(Arc::new(FullStore {
-                inner: LocalStore::new(),
-            }))
+            .store(Arc::new(OddBatches::new(Batches::Full)))
             .failure_mode(mode.clone())
             .build()
             .unwrap();
@@ -193,30 +189,6 @@ async fn a_batch_takes_an_unbounded_timeout() {
     assert!(out.iter().all(|r| r.as_ref().unwrap().allowed), "{out:?}");
 }
 
-/// Fails every batch as a whole with a script error (a bug); single calls go through.
-struct BrokenBatches {
-    inner: LocalStore,
-}
-
-#[async_trait]
-impl Store for BrokenBatches {
-    async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.inner.acquire(key, policy, cost).await
-    }
-
-    async fn acquire_many(&self, _: &[Acquire<'_>]) -> Result<Batch, StoreError> {
-        Err(StoreError::Script("boom".into()))
-    }
-
-    async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.inner.peek(key, policy, cost).await
-    }
-
-    async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-        self.inner.reset(key, policy).await
-    }
-}
-
 /// A batch that fails as a whole counts every key it was asked for in the decision metrics,
 /// including keys the deny cache would have answered (they are refused with the rest).
 #[test]
@@ -224,9 +196,7 @@ fn a_batch_failing_whole_counts_every_key_even_the_cached_ones() {
     let (_, snapshotter, _) = flood::run(|| async {
         let policy = Policy::fixed_window(1, Duration::from_secs(3600)).unwrap();
         let limiter = Limiter::builder("broken", policy)
-            .store(Arc::new(BrokenBatches {
-                inner: LocalStore::new(),
-            }))
+            .store(Arc::new(OddBatches::new(Batches::Broken)))
             .failure_mode(FailureMode::Closed)
             .deny_cache(10)
             .build()
