@@ -3,7 +3,23 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// `timeout` after `now`, or about 30 years after it when that is past what an [`Instant`]
+/// can hold: a deadline for a timeout of `Duration::MAX` ("no timeout", as
+/// `tokio::time::timeout` takes it) rather than a panic.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use tollgate_core::deadline_after;
+/// let now = Instant::now();
+/// assert_eq!(deadline_after(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+/// assert!(deadline_after(now, Duration::MAX) > now + Duration::from_secs(365 * 86_400));
+/// ```
+pub fn deadline_after(now: Instant, timeout: Duration) -> Instant {
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+}
 
 /// A source of the current time in integer microseconds since the Unix epoch.
 ///

@@ -23,7 +23,7 @@ mod policy;
 mod spec;
 mod store;
 
-pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock, deadline_after};
 pub use decision::{Decision, Enforcement};
 pub use key::{Key, KeyError, MAX_KEY_PART_BYTES};
 pub use policy::{

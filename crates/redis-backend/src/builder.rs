@@ -53,7 +53,7 @@ enum Target {
         primary: PrimaryAuth,
     },
     /// A Redis Cluster, discovered from these nodes.
-    Cluster(Vec<String>),
+    Cluster(RedactedUrls),
 }
 
 impl fmt::Debug for Target {
@@ -70,10 +70,7 @@ impl fmt::Debug for Target {
                 .field("sentinels", sentinels)
                 .field("primary", primary)
                 .finish(),
-            Self::Cluster(nodes) => f
-                .debug_tuple("Cluster")
-                .field(&nodes.iter().map(|url| redact_url(url)).collect::<Vec<_>>())
-                .finish(),
+            Self::Cluster(nodes) => f.debug_tuple("Cluster").field(nodes).finish(),
         }
     }
 }
@@ -194,9 +191,9 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisStoreBuilder::with_target(Target::Cluster(
+        RedisStoreBuilder::with_target(Target::Cluster(RedactedUrls(
             initial_nodes.into_iter().map(Into::into).collect(),
-        ))
+        )))
     }
 }
 
@@ -355,14 +352,7 @@ impl RedisStoreBuilder {
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| StoreError::unavailable(format!("invalid Redis URL: {e}"), e))?;
                 ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
-                    .map(|m| {
-                        Conn::Multiplexed(Arc::new(Managed::new(
-                            m,
-                            client,
-                            self.manager_config(),
-                            self.connect_timeout,
-                        )))
-                    })
+                    .map(|manager| self.multiplexed_conn(manager, client))
                     .map_err(|e| classify(&e))?
             }
             // The pool and Sentinel connect on first use already.
@@ -378,6 +368,17 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
             }),
         })
+    }
+
+    /// The multiplexed connection `manager` made for `client`, replaced with the same settings
+    /// when it stalls.
+    fn multiplexed_conn(&self, manager: ConnectionManager, client: redis::Client) -> Conn {
+        Conn::Multiplexed(Arc::new(Managed::new(
+            manager,
+            client,
+            self.manager_config(),
+            self.connect_timeout,
+        )))
     }
 
     /// The multiplexed connection's settings.
@@ -404,14 +405,7 @@ impl RedisStoreBuilder {
                     Kind::Multiplexed => {
                         ConnectionManager::new_with_config(client.clone(), self.manager_config())
                             .await
-                            .map(|m| {
-                                Conn::Multiplexed(Arc::new(Managed::new(
-                                    m,
-                                    client,
-                                    self.manager_config(),
-                                    self.connect_timeout,
-                                )))
-                            })
+                            .map(|manager| self.multiplexed_conn(manager, client))
                             .map_err(|e| classify(&e))
                     }
                     Kind::Pool(size) => {
@@ -447,7 +441,7 @@ impl RedisStoreBuilder {
                     self.connect_timeout,
                 ))))
             }
-            Target::Cluster(nodes) => {
+            Target::Cluster(RedactedUrls(nodes)) => {
                 if nodes.is_empty() {
                     return Err(StoreError::unavailable(
                         "no cluster nodes given".to_owned(),

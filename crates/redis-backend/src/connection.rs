@@ -41,7 +41,10 @@ impl Conn {
     /// The multiplexed connection's is a box already.
     pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let value = match self {
-            Self::Multiplexed(m) => m.command(cmd).await,
+            Self::Multiplexed(m) => {
+                m.send(async |conn| conn.req_packed_command(cmd).await)
+                    .await
+            }
             Self::Pool(pool) => {
                 Box::pin(pool.send(async |conn| conn.req_packed_command(cmd).await)).await
             }
@@ -66,7 +69,10 @@ impl Conn {
     ) -> RedisResult<Vec<RedisResult<Value>>> {
         // Boxed as in `command`.
         let replies = match self {
-            Self::Multiplexed(m) => m.pipeline(pipe, count).await,
+            Self::Multiplexed(m) => {
+                m.send(async |conn| conn.req_packed_commands(pipe, 0, count).await)
+                    .await
+            }
             Self::Pool(pool) => {
                 Box::pin(pool.send(async |conn| conn.req_packed_commands(pipe, 0, count).await))
                     .await
@@ -259,21 +265,16 @@ impl Managed {
         }
     }
 
-    async fn command(self: &Arc<Self>, cmd: &Cmd) -> RedisResult<Value> {
+    /// Runs `call` on the current connection, watched for a stall.
+    async fn send<T>(
+        self: &Arc<Self>,
+        call: impl AsyncFnOnce(&mut ConnectionManager) -> RedisResult<T>,
+    ) -> RedisResult<T> {
         let conn = self.current.load();
         let mut manager = conn.manager.clone();
-        let call = InFlight::new(&conn.health, || self.suspect(&conn));
-        let result = manager.req_packed_command(cmd).await;
-        call.done(result.is_ok());
-        result
-    }
-
-    async fn pipeline(self: &Arc<Self>, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
-        let conn = self.current.load();
-        let mut manager = conn.manager.clone();
-        let call = InFlight::new(&conn.health, || self.suspect(&conn));
-        let result = manager.req_packed_commands(pipe, 0, count).await;
-        call.done(result.is_ok());
+        let flight = InFlight::new(&conn.health, || self.suspect(&conn));
+        let result = call(&mut manager).await;
+        flight.done(result.is_ok());
         result
     }
 
@@ -654,73 +655,46 @@ impl SentinelConn {
     }
 
     async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let (generation, mut conn, health) = self.connection().await?;
-        let mut guard = DropOnAbandon::new(self, generation, &health);
-        let result = conn.req_packed_command(cmd).await;
-        guard.finished(match &result {
-            Err(e) => not_the_primary(e),
-            Ok(Value::ServerError(e)) => server_error_not_the_primary(e.code()),
-            Ok(_) => false,
-        });
-        result
+        self.send(
+            async |conn| conn.req_packed_command(cmd).await,
+            |result| match result {
+                Err(e) => not_the_primary(e),
+                Ok(Value::ServerError(e)) => server_error_not_the_primary(e.code()),
+                Ok(_) => false,
+            },
+        )
+        .await
     }
 
     async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        self.send(
+            async |conn| conn.req_packed_commands(pipe, 0, count).await,
+            |result| match result {
+                Err(e) => not_the_primary(e),
+                Ok(values) => values.iter().any(
+                    |v| matches!(v, Value::ServerError(e) if server_error_not_the_primary(e.code())),
+                ),
+            },
+        )
+        .await
+    }
+
+    /// Runs `call` on the primary's connection, watched for a stall, and drops the connection
+    /// if the answer says the server may no longer be the primary (`not_the_primary`).
+    async fn send<T>(
+        &self,
+        call: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
+        not_the_primary: impl FnOnce(&RedisResult<T>) -> bool,
+    ) -> RedisResult<T> {
         let (generation, mut conn, health) = self.connection().await?;
-        let mut guard = DropOnAbandon::new(self, generation, &health);
-        let result = conn.req_packed_commands(pipe, 0, count).await;
-        guard.finished(match &result {
-            Err(e) => not_the_primary(e),
-            Ok(values) => values.iter().any(
-                |v| matches!(v, Value::ServerError(e) if server_error_not_the_primary(e.code())),
-            ),
-        });
+        let flight = InFlight::new(&health, || self.suspect(generation, &health));
+        let result = call(&mut conn).await;
+        let gone = not_the_primary(&result);
+        flight.done(!gone);
+        if gone {
+            self.invalidate(generation);
+        }
         result
-    }
-}
-
-/// Drops the Sentinel connection if the call finished with an error that says the server may
-/// no longer be the primary, or probes it ([`Health`]) if the call is abandoned after a silent
-/// wait.
-struct DropOnAbandon<'a> {
-    conn: &'a SentinelConn,
-    generation: u64,
-    health: &'a Arc<Health>,
-    sent_us: u64,
-    /// `None` while in flight; then whether to drop the connection.
-    finished: Option<bool>,
-}
-
-impl<'a> DropOnAbandon<'a> {
-    fn new(conn: &'a SentinelConn, generation: u64, health: &'a Arc<Health>) -> Self {
-        Self {
-            conn,
-            generation,
-            health,
-            sent_us: now_us(),
-            finished: None,
-        }
-    }
-
-    fn finished(&mut self, drop_connection: bool) {
-        if !drop_connection {
-            self.health.replied(self.sent_us);
-        }
-        self.finished = Some(drop_connection);
-    }
-}
-
-impl Drop for DropOnAbandon<'_> {
-    fn drop(&mut self) {
-        match self.finished {
-            Some(true) => self.conn.invalidate(self.generation),
-            Some(false) => {}
-            None => {
-                if self.health.suspect(self.sent_us) {
-                    self.conn.suspect(self.generation, self.health);
-                }
-            }
-        }
     }
 }
 
@@ -846,9 +820,7 @@ async fn cluster_pipeline(
             if let (Some(key), [_, _, ..]) = (key, chain.as_slice()) {
                 key_pipeline(cluster, cmds, key, chain, cut).await
             } else {
-                let i = chain[0];
-                let reply = by_cut(cut, cluster_command(cluster, cmds[i])).await;
-                vec![(i, reply.and_then(Value::extract_error))]
+                one_by_one(cluster, cmds, chain, cut).await
             }
         }
     });

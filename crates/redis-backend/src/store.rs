@@ -10,6 +10,7 @@ use futures_util::FutureExt as _;
 use redis::{Pipeline, RedisError, Value};
 use tollgate_core::{
     Acquire, Batch, Decision, Key, MAX_EXACT, Policy, PolicyError, Store, StoreError,
+    deadline_after,
 };
 
 use crate::builder::RedisStoreBuilder;
@@ -320,7 +321,7 @@ impl Store for RedisStore {
     /// decisions made for the others.
     async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
         // tokio's clock, as the deadline is compared with it (they differ when a test pauses it)
-        let deadline = deadline_in(tokio::time::Instant::now(), self.inner.timeout).into_std();
+        let deadline = deadline_after(tokio::time::Instant::now().into_std(), self.inner.timeout);
         self.acquire_many_by(requests, deadline).await
     }
 
@@ -340,7 +341,9 @@ impl Store for RedisStore {
             return Ok(Vec::new());
         }
         let now = tokio::time::Instant::now();
-        let at = deadline_in(now, self.inner.timeout).min(tokio::time::Instant::from_std(deadline));
+        let at = tokio::time::Instant::from_std(
+            deadline_after(now.into_std(), self.inner.timeout).min(deadline),
+        );
         let left = at.saturating_duration_since(now);
         let cut = at - cut_margin(left);
         tokio::time::timeout_at(at, self.invoke_many(requests, cut))
@@ -365,13 +368,6 @@ impl Store for RedisStore {
         })
         .await
     }
-}
-
-/// `timeout` after `now`, or ~30 years after it when it is longer than the clock can represent
-/// (`Duration::MAX` for "no timeout", as `tokio::time::timeout` takes it), never a panic.
-fn deadline_in(now: tokio::time::Instant, timeout: Duration) -> tokio::time::Instant {
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use arc_swap::ArcSwap;
 
 use tollgate_core::{
     Acquire, Algorithm, Decision, Enforcement, ErrorClass, Key, KeyError, Policy, PolicyError,
-    Rate, Store, StoreError,
+    Rate, Store, StoreError, deadline_after,
 };
 use tollgate_local::LocalStore;
 
@@ -527,7 +527,10 @@ impl Limiter {
                 .collect();
             // The store is told the deadline, so that a batch it spreads over several servers
             // returns the decisions made by then rather than losing them all to this timeout.
-            let deadline = deadline_in(inner.timeout);
+            let deadline = tokio::time::Instant::from_std(deadline_after(
+                tokio::time::Instant::now().into_std(),
+                inner.timeout,
+            ));
             let call = inner.store.acquire_many_by(&requests, deadline.into_std());
             let batch = match tokio::time::timeout_at(deadline, call).await {
                 Ok(r) => r,
@@ -822,15 +825,6 @@ impl Limiter {
 const MIN_RETRY: Duration = Duration::from_millis(1);
 
 /// Whether the error means the store cannot answer now (the breaker counts it).
-/// `timeout` from now on tokio's clock, or ~30 years from now when it is longer than the clock
-/// can represent (a caller's `Duration::MAX` for "no timeout", as `tokio::time::timeout` takes
-/// it), never a panic.
-fn deadline_in(timeout: Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
-}
-
 fn is_outage(class: ErrorClass) -> bool {
     matches!(class, ErrorClass::Unavailable | ErrorClass::Busy)
 }
