@@ -255,17 +255,24 @@ async fn store_timeout_above_half_a_second_is_honoured() {
             patient.acquire(&slow, &policy, 1).await.unwrap();
             hasty.acquire(&quick, &policy, 1).await.unwrap();
         }
-        // Another client holds the server for 800 ms.
+        // Another client holds the server for 800 ms. It says when it is connected (the
+        // slow part on a loaded host: a fixed sleep of 50 ms from the spawn was once too
+        // short, and the calls ran before the stall); sending its one command takes
+        // microseconds, so 100 ms later the server is inside the stall, with ~700 ms of it
+        // left: more than the hasty store's 300 ms.
         let client = server.client();
+        let (connected, ready) = tokio::sync::oneshot::channel();
         let stall = std::thread::spawn(move || {
             let mut conn = client.get_connection().unwrap();
+            connected.send(()).unwrap();
             redis::cmd("EVAL")
                 .arg(STALL_800_MS)
                 .arg(0)
                 .exec(&mut conn)
                 .unwrap();
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        ready.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let (got, cut) = tokio::join!(
             patient.acquire(&slow, &policy, 1),
             hasty.acquire(&quick, &policy, 1),
