@@ -157,8 +157,9 @@ pub(crate) struct Bucket {
     pub(crate) expires_at_ms: u64,
 }
 
-/// Millisecond expiry of a state written at `now_us` with a TTL of `ttl_us`: the TTL is
-/// rounded up to whole milliseconds, as a script passing `ceil(ttl / 1000)` to `PEXPIRE`.
+/// Millisecond expiry of a state written at `now_us` with a TTL of `ttl_us`: `now_us`'s
+/// millisecond plus the TTL rounded up to whole milliseconds, the `SET … PXAT` the scripts
+/// write (epilogue.lua).
 pub(crate) const fn expires_at_ms(now_us: u64, ttl_us: u64) -> u64 {
     now_us / 1000 + ttl_us.div_ceil(1000)
 }

@@ -44,7 +44,7 @@ end
 -- those of a policy change) is recognised by its head's fields alone and gives its window
 -- and count (st, cnt); any other gives all its fields, checked, for the general path, and a
 -- malformed one nothing. Every field must be an integer (this crate writes no other), so that
--- every time derived from them is one (the epilogue's PX rounding relies on it).
+-- every time derived from them is one (the epilogue's PXAT rounding relies on it).
 local st, cnt, ok, mine, rg, rpe, rlimit, rwindow, rstart, rcount
 if raw then
   ok, mine, rg, rpe, rlimit, rwindow, rstart, rcount = pcall(function(raw, max, gen, limit,

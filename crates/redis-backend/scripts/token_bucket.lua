@@ -49,7 +49,7 @@ end
 -- those of a policy change) is recognised by its head's fields alone and gives its level and
 -- time (stored, updated); any other gives all its fields, checked, for the general path, and
 -- a malformed one nothing. Every field must be an integer (this crate writes no other), so
--- that every time derived from them is one (the epilogue's PX rounding relies on it).
+-- that every time derived from them is one (the epilogue's PXAT rounding relies on it).
 local stored, updated, ok, mine, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated
 if raw then
   ok, mine, rg, rpe, rcap, runit, rrate, rmax, rlevel, rupdated = pcall(function(raw, max,
