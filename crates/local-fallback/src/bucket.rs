@@ -13,7 +13,7 @@
 use std::sync::OnceLock;
 
 use tollgate_core::algorithm::{self, FixedWindowState, Record, State, TokenBucketState};
-use tollgate_core::algorithm::{fixed_window, token_bucket};
+use tollgate_core::algorithm::{expires_at_ms, fixed_window, token_bucket};
 use tollgate_core::{Algorithm, Decision, Policy, PolicyError, StoreError};
 
 use crate::lent::{COLD_US, HOT_US, Held};
@@ -155,13 +155,6 @@ pub(crate) struct Bucket {
     slot: Slot,
     /// Last millisecond (since the epoch) at which the bucket is alive, as Redis `PEXPIRE`.
     pub(crate) expires_at_ms: u64,
-}
-
-/// Millisecond expiry of a state written at `now_us` with a TTL of `ttl_us`: `now_us`'s
-/// millisecond plus the TTL rounded up to whole milliseconds, the `SET … PXAT` the scripts
-/// write (epilogue.lua).
-pub(crate) const fn expires_at_ms(now_us: u64, ttl_us: u64) -> u64 {
-    now_us / 1000 + ttl_us.div_ceil(1000)
 }
 
 impl Bucket {
@@ -454,11 +447,15 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn expiry_rounds_the_ttl_up_to_whole_milliseconds() {
+    fn expiry_is_the_millisecond_holding_the_end_of_the_ttl() {
         assert_eq!(expires_at_ms(1_000_999, 1), 1_001);
         assert_eq!(expires_at_ms(1_000_999, 1_000), 1_001);
         assert_eq!(expires_at_ms(1_000_999, 1_001), 1_002);
         assert_eq!(expires_at_ms(5_000_000, 3_500_000), 8_500);
+        // not the write's millisecond plus the TTL rounded up (1,002): alive through 1,001
+        // is alive until 1,002,000 µs, past the 1,001,600 the TTL ends at
+        assert_eq!(expires_at_ms(1_000_100, 1_500), 1_001);
+        assert_eq!(expires_at_ms(u64::MAX - 5, 1), u64::MAX / 1000);
     }
 
     #[test]
@@ -476,9 +473,9 @@ pub(crate) mod tests {
         let b = Bucket::new(Some(state.clone()), &table, 1_000_000, 1_500);
         assert!(matches!(b.slot, Slot::TokenBucket(0, _)));
         assert_eq!(b.record(&table), Some(state));
-        assert_eq!(b.expires_at_ms, 1_002);
-        assert!(b.is_alive(1_002));
-        assert!(!b.is_alive(1_003));
+        assert_eq!(b.expires_at_ms, 1_001);
+        assert!(b.is_alive(1_001));
+        assert!(!b.is_alive(1_002));
     }
 
     #[test]

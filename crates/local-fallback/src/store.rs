@@ -42,8 +42,9 @@ pub const SWEEP_GAP_MS: u64 = 100;
 /// lent to a small table of slots and decided there by the same maths without the shard's
 /// lock: a denial writes nothing, an admission claims the slot with one compare-exchange that
 /// fails if the bucket changed since it was read, so calls on it are serialised all the same.
-/// Expiry follows Redis to the millisecond: a state written with a
-/// TTL of `ttl` µs at `now` µs lives while `now_ms <= now / 1000 + ceil(ttl / 1000)`.
+/// Expiry follows Redis to the millisecond: a state written with a TTL of `ttl` µs at `now` µs
+/// lives while `now_ms <= expires_at_ms(now, ttl)` ([`tollgate_core::algorithm::expires_at_ms`],
+/// the `PXAT` the scripts set).
 ///
 /// Memory is bounded: expired buckets are swept every [`DEFAULT_SWEEP_EVERY`] new keys (or
 /// as configured), at most once per [`SWEEP_GAP_MS`] of the store's clock, and at most

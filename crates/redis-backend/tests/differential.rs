@@ -30,7 +30,7 @@ const T0: u64 = 1_700_000_000_123_457;
 const KEYS_PER_POLICY: usize = 3;
 
 /// The core maths on a map with Redis's expiry: a state written at `now` with a TTL of `ttl`
-/// µs lives while `now_ms <= now / 1000 + ceil(ttl / 1000)`.
+/// µs lives while `now_ms <= algorithm::expires_at_ms(now, ttl)`.
 #[derive(Default)]
 struct Model {
     map: HashMap<String, (Record, u64)>,
@@ -55,7 +55,7 @@ impl Model {
         }
         if out.wrote() {
             let expires_at_ms = match (out.ttl_micros, &entry) {
-                (Some(ttl), _) => now / 1000 + ttl.div_ceil(1000).max(1),
+                (Some(ttl), _) => algorithm::expires_at_ms(now, ttl),
                 (None, Some((_, kept))) => *kept,
                 (None, None) => unreachable!("keep_expiry on a missing bucket"),
             };

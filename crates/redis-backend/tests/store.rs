@@ -723,9 +723,9 @@ async fn every_written_key_has_an_expiry_and_the_documented_name() {
     );
 }
 
-/// A written bucket expires at a fixed function of the Redis time its decision read (`TIME`):
-/// that instant's millisecond plus the reset rounded up to whole milliseconds — the instant the
-/// local store and the core's model use, and one the key outlives the full bucket by. A
+/// A written bucket expires at a fixed function of the Redis time its decision read (`TIME`)
+/// and its reset (`tollgate_core::algorithm::expires_at_ms`, which the local store and the
+/// core's model use): never before the bucket is full, at most a millisecond after. A
 /// relative `PX` counted from whatever instant the server takes as its base instead: the `SET`
 /// call's own clock read on Redis 7.0 (a millisecond later than the decision's whenever one
 /// passes between the two reads: a few writes in a thousand), the script's start on 7.2 and
@@ -772,7 +772,7 @@ async fn the_expiry_is_counted_from_the_decisions_own_time() {
             let now = state.updated;
             assert_eq!(
                 *at,
-                now / 1000 + reset.div_ceil(1000),
+                tollgate_core::algorithm::expires_at_ms(now, *reset),
                 "{k:?}: decided at {now} µs with a reset of {reset} µs"
             );
             assert!(

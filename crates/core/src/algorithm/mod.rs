@@ -157,6 +157,25 @@ pub fn runs_out_at_expiry(stored: Option<&Record>, policy: &Policy) -> bool {
     g > r.generation && policy.transition() == Transition::DeferUntilExpiry
 }
 
+/// The millisecond (since the epoch) through which a bucket written at `now` with a TTL of
+/// `ttl` (microseconds) stays alive: the millisecond holding `now + ttl`, and at least the one
+/// after `now`'s. Redis drops a key once its expiry is strictly in the past, so the bucket
+/// outlives `now + ttl` by at most a millisecond and is never gone before it. The scripts set
+/// exactly this with `SET … PXAT` (epilogue.lua); `LocalStore` keeps it for each bucket.
+///
+/// ```
+/// use tollgate_core::algorithm::expires_at_ms;
+///
+/// // written at 1,000.100 ms, full 1.5 ms later: alive through millisecond 1,001
+/// assert_eq!(expires_at_ms(1_000_100, 1_500), 1_001);
+/// // a TTL under a millisecond still reaches into the next one
+/// assert_eq!(expires_at_ms(1_000_999, 1), 1_001);
+/// ```
+#[must_use]
+pub const fn expires_at_ms(now: u64, ttl: u64) -> u64 {
+    now.saturating_add(if ttl > 1000 { ttl } else { 1000 }) / 1000
+}
+
 /// Ends `decision`'s `retry_after` and `reset_after` no later than the first microsecond at
 /// which a bucket alive through the millisecond `expires_at_ms` is gone (Redis expiry), for a
 /// decision made at `now` under a bucket that [`runs_out_at_expiry`]: a fresh bucket admits

@@ -53,7 +53,7 @@ impl Sim {
             .map_err(|e| TestCaseError::fail(format!("valid cost {cost} refused: {e}")))?;
         if let Some(ttl) = out.ttl_micros {
             prop_assert!(ttl > 0, "a written state needs a positive ttl");
-            self.expires_at_ms = now / 1000 + ttl.div_ceil(1000);
+            self.expires_at_ms = super::expires_at_ms(now, ttl);
         }
         prop_assert!(!(out.keep_expiry && out.ttl_micros.is_some()));
         Ok(out)
@@ -144,7 +144,7 @@ impl Reference for RefBucket {
         if let Some(ttl) = ttl {
             self.level = level;
             self.last = eff;
-            self.expires_at_ms = Some(now / 1000 + ttl.div_ceil(1000));
+            self.expires_at_ms = Some(super::expires_at_ms(now, ttl));
         }
         Expected {
             allowed,
@@ -913,7 +913,7 @@ fn run_mixed(old: Policy, new: Policy, rule: Transition, start: u64, ops: &[(Op,
             Ok(out) => out,
         };
         if let Some(ttl) = out.ttl_micros {
-            sim.expires_at_ms = now / 1000 + ttl.div_ceil(1000);
+            sim.expires_at_ms = super::expires_at_ms(now, ttl);
         }
         let after = sim.state.as_ref().expect("a bucket after a commit");
         if new_governs {
@@ -1239,7 +1239,7 @@ fn run_equivalence(policies: &[Policy], start: u64, ops: &[(Op, usize, bool)]) -
             ..
         }) = got
         {
-            sim.expires_at_ms = now / 1000 + ttl.div_ceil(1000);
+            sim.expires_at_ms = super::expires_at_ms(now, ttl);
         }
     }
     Ok(())
