@@ -23,8 +23,8 @@ type Check = Result<(), TestCaseError>;
 // ---------------------------------------------------------------------------------------------
 // The simulated store.
 
-/// One key in a Redis-like store: the state and its expiry, set from `ttl_micros` as
-/// `PEXPIRE ceil(ttl / 1000)` at the current millisecond; a state is alive while
+/// One key in a Redis-like store: the state and its expiry, set from `ttl_micros` as the
+/// scripts' `SET … PXAT` ([`super::expires_at_ms`]); a state is alive while
 /// `now_ms <= expires_at_ms`, and an expired state is deleted when next touched.
 #[derive(Debug, Clone, Default)]
 struct Sim {
