@@ -164,8 +164,8 @@ impl RateLimitResponses {
         let _ = write!(
             field,
             ";r={};t={}",
-            decision.remaining,
-            decision.reset_after_secs()
+            sf_integer(decision.remaining),
+            sf_integer(decision.reset_after_secs())
         );
         HeaderValue::try_from(field).expect("an sf-string is a valid header")
     }
@@ -340,6 +340,16 @@ fn untouched_bucket(policy: &Policy, cost: u64, decision: &Decision) -> Decision
     .with_enforcement(decision.enforcement)
 }
 
+/// The largest Structured Field integer (RFC 9651 §3.3.1: at most 15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// `n` as a Structured Field integer: saturated at [`SF_INTEGER_MAX`], since a strict parser
+/// drops a whole field holding a longer one. Policies take limits up to 2^52 (16 digits); any
+/// quota that large is, to a client, unlimited all the same.
+fn sf_integer(n: u64) -> u64 {
+    n.min(SF_INTEGER_MAX)
+}
+
 /// `"name";q=LIMIT;w=WINDOW` for `policy`.
 fn render_policy(name: &str, policy: &Policy) -> HeaderValue {
     render_quota(name, policy.limit(), window_secs(policy))
@@ -348,9 +358,9 @@ fn render_policy(name: &str, policy: &Policy) -> HeaderValue {
 /// `"name";q=LIMIT[;w=WINDOW]`.
 fn render_quota(name: &str, limit: u64, window_secs: Option<u64>) -> HeaderValue {
     let mut field = sf_string(name);
-    let _ = write!(field, ";q={limit}");
+    let _ = write!(field, ";q={}", sf_integer(limit));
     if let Some(w) = window_secs {
-        let _ = write!(field, ";w={w}");
+        let _ = write!(field, ";w={}", sf_integer(w));
     }
     HeaderValue::try_from(field).expect("an sf-string is a valid header")
 }
@@ -393,6 +403,25 @@ mod tests {
     use tollgate::Rate;
 
     use super::*;
+
+    /// RFC 9651 §3.3.1: an sf-integer has at most 15 digits; a strict parser drops a field
+    /// holding a longer one. Policies take limits up to 2^52, which has 16.
+    #[test]
+    fn quota_fields_stay_valid_sf_integers_for_the_largest_limits() {
+        let p = Policy::fixed_window(1 << 52, Duration::from_secs(1)).unwrap();
+        let r = RateLimitResponses::new("api", &p);
+        assert_eq!(r.policy_field(), r#""api";q=999999999999999;w=1"#);
+        let d = Decision::shared(true, 1 << 52, (1 << 52) - 1, None, 1_000_000);
+        let mut h = HeaderMap::new();
+        r.decorate(&d, &mut h);
+        assert_eq!(h["ratelimit"], r#""api";r=999999999999999;t=1"#);
+        let mut d = Decision::shared(true, 10, 3, None, 0);
+        d.reset_after = Duration::MAX;
+        assert_eq!(
+            r.ratelimit_field(&d),
+            format!(r#""api";r=3;t={}"#, SF_INTEGER_MAX).as_str()
+        );
+    }
 
     #[test]
     fn policy_field_has_quota_and_window() {
