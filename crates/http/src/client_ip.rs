@@ -137,61 +137,163 @@ impl TrustedProxies {
     /// The client address of a request that arrived from `peer` with `headers`.
     ///
     /// If `peer` is not trusted, it is the client. Otherwise the forwarding chain is walked
-    /// from the right (the hop nearest to us) past trusted proxies; the first untrusted
-    /// address is the client. An entry that is not an address (`unknown`, an obfuscated
-    /// `_node`, garbage) stops the walk at the last trusted hop, since nothing left of it can
-    /// be believed. If every hop is trusted, the leftmost one is the client.
+    /// from the right (the hop nearest to us, across repeated header lines) past trusted
+    /// proxies; the first untrusted address is the client. An entry that is not an address
+    /// (`unknown`, an obfuscated `_node`, garbage, bytes that are not text) stops the walk at
+    /// the last trusted hop, since nothing left of it can be believed. If every hop is
+    /// trusted, the leftmost one is the client.
+    ///
+    /// Each line is cut into entries from the right and only as far as the walk goes, so what
+    /// a client wrote at the left of a line a proxy appended to can neither hide nor alter the
+    /// entries to its right: an `X-Forwarded-For` line is cut at every comma (the syntax has
+    /// no quoting), a `Forwarded` line at the commas outside quoted strings (RFC 7239), found
+    /// from the right so that a quote the client left open spoils only its own element.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
             return peer;
         }
-        let chain = self.chain(headers);
+        let name = match self.header {
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::Forwarded => "forwarded",
+        };
         let mut client = peer;
-        for hop in chain.iter().rev() {
-            let Some(ip) = hop else {
-                return client;
+        for line in headers.get_all(name).iter().rev() {
+            let line = line.as_bytes();
+            let settled = match self.header {
+                ForwardedHeader::XForwardedFor => self.walk(
+                    &mut client,
+                    line.rsplit(|&b| b == b',')
+                        .map(|entry| parse_node(std::str::from_utf8(entry).ok()?)),
+                ),
+                ForwardedHeader::Forwarded => self.walk(
+                    &mut client,
+                    ForwardedElements::new(line).map(|element| forwarded_for(element?)),
+                ),
             };
-            client = *ip;
-            if !self.is_trusted(client) {
+            if settled {
                 return client;
             }
         }
         client
     }
 
-    /// Every hop the chosen header lists, left to right, across repeated header lines.
-    fn chain(&self, headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-        let name = match self.header {
-            ForwardedHeader::XForwardedFor => "x-forwarded-for",
-            ForwardedHeader::Forwarded => "forwarded",
-        };
-        let mut chain = Vec::new();
-        for value in headers.get_all(name) {
-            let Ok(text) = value.to_str() else {
-                // Opaque bytes: nothing in this line can be believed.
-                chain.push(None);
-                continue;
+    /// Walks `hops` (right to left) from `client`, the last trusted hop so far: true once
+    /// the client is settled (an untrusted address, or an entry that is not one).
+    fn walk(&self, client: &mut IpAddr, hops: impl Iterator<Item = Option<IpAddr>>) -> bool {
+        for hop in hops {
+            let Some(ip) = hop else {
+                return true;
             };
-            for element in text.split(',') {
-                chain.push(match self.header {
-                    ForwardedHeader::XForwardedFor => parse_node(element),
-                    ForwardedHeader::Forwarded => forwarded_for(element),
-                });
+            *client = ip;
+            if !self.is_trusted(ip) {
+                return true;
             }
         }
-        chain
+        false
     }
 }
 
-/// The `for=` node of one `Forwarded` element; `None` if absent or not an address.
-fn forwarded_for(element: &str) -> Option<IpAddr> {
-    element.split(';').find_map(|pair| {
+/// The elements of one `Forwarded` line, right to left: the line cut at each comma outside a
+/// quoted string (RFC 9110 §5.6.4: `"` opens and closes one, a backslash inside escapes the
+/// next byte). Scanning from the right, the first `"` met closes a string and the string
+/// opens at the next `"` not escaped; a string still open at the start of the line leaves
+/// its element `None`.
+struct ForwardedElements<'a> {
+    /// What is left to cut, at the left of the elements already given.
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> ForwardedElements<'a> {
+    fn new(line: &'a [u8]) -> Self {
+        Self { rest: Some(line) }
+    }
+}
+
+impl<'a> Iterator for ForwardedElements<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let line = self.rest?;
+        let mut quoted = false;
+        for i in (0..line.len()).rev() {
+            match line[i] {
+                b'"' if !quoted => quoted = true,
+                b'"' => {
+                    let escapes = line[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                    quoted = escapes % 2 == 1;
+                }
+                b',' if !quoted => {
+                    self.rest = Some(&line[..i]);
+                    return Some(Some(&line[i + 1..]));
+                }
+                _ => {}
+            }
+        }
+        self.rest = None;
+        Some((!quoted).then_some(line))
+    }
+}
+
+/// Cuts `text` at each `sep` outside a quoted string (as [`ForwardedElements`], from the
+/// left); `None` if a string is left open or a quote stands outside a value's start.
+fn split_outside_quotes(text: &[u8], sep: u8) -> Option<Vec<&[u8]>> {
+    let (mut parts, mut from, mut quoted, mut escaped) = (Vec::new(), 0, false, false);
+    for (i, &b) in text.iter().enumerate() {
+        if quoted {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => quoted = false,
+                _ => {}
+            }
+        } else if b == b'"' {
+            quoted = true;
+        } else if b == sep {
+            parts.push(&text[from..i]);
+            from = i + 1;
+        }
+    }
+    if quoted {
+        return None;
+    }
+    parts.push(&text[from..]);
+    Some(parts)
+}
+
+/// The `for=` node of one `Forwarded` element; `None` if absent, not an address, or if the
+/// element is malformed (a string left open, a quoted value with text around it, bytes that
+/// are not text).
+fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
+    let mut node = None;
+    for pair in split_outside_quotes(element, b';')? {
+        let pair = std::str::from_utf8(pair).ok()?;
         let (name, value) = pair.split_once('=')?;
-        name.trim()
-            .eq_ignore_ascii_case("for")
-            .then(|| parse_node(value))?
-    })
+        let value = value.trim();
+        let value = match value.strip_prefix('"') {
+            Some(quoted) => unescape(quoted.strip_suffix('"')?)?,
+            None if value.contains('"') => return None,
+            None => value.to_owned(),
+        };
+        if name.trim().eq_ignore_ascii_case("for") && node.is_none() {
+            node = Some(value);
+        }
+    }
+    parse_node(&node?)
+}
+
+/// The text of a quoted string's inside: `\x` is `x`; `None` for an unescaped `"`.
+fn unescape(inside: &str) -> Option<String> {
+    let mut out = String::with_capacity(inside.len());
+    let mut chars = inside.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?),
+            '"' => return None,
+            c => out.push(c),
+        }
+    }
+    Some(out)
 }
 
 /// An address as proxies write it: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`,
@@ -376,6 +478,8 @@ impl KeyExtractor for ClientIpKey {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderValue;
+
     use super::*;
 
     fn ip(s: &str) -> IpAddr {
@@ -507,6 +611,73 @@ mod tests {
         // Obfuscated or unknown nodes stop the walk.
         let h = headers("forwarded", &["for=1.2.3.4, for=_hidden"]);
         assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.1"));
+    }
+
+    fn forwarded_trusting_10() -> TrustedProxies {
+        TrustedProxies::new(["10.0.0.0/8".parse().unwrap()], ForwardedHeader::Forwarded)
+    }
+
+    fn raw(name: &'static str, line: &[u8]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_bytes(line).unwrap());
+        h
+    }
+
+    /// A proxy appends the real peer to the client's line (nginx's
+    /// `$proxy_add_x_forwarded_for`); one byte that is not text at the client's end hid it
+    /// (the whole line counted as one unreadable hop), keying the client as the proxy.
+    #[test]
+    fn bytes_that_are_not_text_spoil_only_their_own_entry() {
+        let p = xff_trusting(&["10.0.0.0/8"]);
+        let h = raw("x-forwarded-for", b"\xff, 203.0.113.7");
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
+        let h = raw("x-forwarded-for", b"203.0.113.7, \xff, 10.0.0.2");
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("10.0.0.2"));
+        let h = raw("forwarded", b"for=\"\xff\", for=203.0.113.7");
+        assert_eq!(
+            forwarded_trusting_10().client_ip(ip("10.0.0.1"), &h),
+            ip("203.0.113.7")
+        );
+    }
+
+    /// RFC 7239: a value may be a quoted string holding `,` and `;`; they separate nothing
+    /// there. Split on them anyway, a proxy's quoted parameter the client influences (a
+    /// `host`) planted a `for=` of the client's choosing.
+    #[test]
+    fn forwarded_separators_inside_quoted_strings_separate_nothing() {
+        let p = forwarded_trusting_10();
+        for line in [
+            r#"for=203.0.113.7;host="x,for=6.6.6.6""#,
+            r#"host="x;for=6.6.6.6";for=203.0.113.7"#,
+            r#"for=203.0.113.7;host="x\",for=6.6.6.6""#,
+            r#"for=1.1.1.1, for=203.0.113.7;host="a\"b;for=6.6.6.6,for=7.7.7.7""#,
+        ] {
+            let h = headers("forwarded", &[line]);
+            assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"), "{line}");
+        }
+        // quoted nodes, escapes undone
+        let h = headers("forwarded", &[r#"for="198.51.100.\2""#]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("198.51.100.2"));
+    }
+
+    /// A quote the client leaves open spoils its own element only, not the one a proxy
+    /// appended after it; a malformed element stops the walk like any other non-address.
+    #[test]
+    fn an_open_quote_spoils_only_its_own_forwarded_element() {
+        let p = forwarded_trusting_10();
+        for (line, want) in [
+            (r#"for="6.6.6.6, for=203.0.113.7"#, "203.0.113.7"),
+            (r#"for=6.6.6.6", for=203.0.113.7"#, "203.0.113.7"),
+            (r#"for=6.6.6.6;host="x, for=10.0.0.5"#, "10.0.0.5"),
+            (r#"for="6.6.6.6"x, for=10.0.0.5"#, "10.0.0.5"),
+            (r#"for=6"6.6.6.6", for=10.0.0.5"#, "10.0.0.5"),
+        ] {
+            let h = headers("forwarded", &[line]);
+            assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip(want), "{line}");
+        }
+        // across lines: the last line is nearest
+        let h = headers("forwarded", &[r#"for="6.6.6.6"#, "for=203.0.113.7"]);
+        assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
     }
 
     #[test]

@@ -419,7 +419,7 @@ mod tests {
         d.reset_after = Duration::MAX;
         assert_eq!(
             r.ratelimit_field(&d),
-            format!(r#""api";r=3;t={}"#, SF_INTEGER_MAX).as_str()
+            format!(r#""api";r=3;t={SF_INTEGER_MAX}"#).as_str()
         );
     }
 
