@@ -264,3 +264,24 @@ fn many_threads_on_one_key_never_admit_more_than_the_limit() {
         assert_eq!(admitted.load(Ordering::Relaxed), 100, "{p}");
     }
 }
+
+/// A clock reading within a TTL of `u64::MAX` (a broken or hostile `Clock`): decisions, a
+/// peek and the sweep run without overflow (the core maths panicked inside the shard's lock
+/// in debug builds), and the decision is the one any other instant gets.
+#[test]
+fn a_clock_near_the_end_of_u64_decides_as_any_other() {
+    for now in [u64::MAX - 1, u64::MAX] {
+        let clock = ManualClock::new(now);
+        let store = LocalStore::builder().clock(clock).build();
+        let key = Key::new("edge", ["k"]).unwrap();
+        let policy = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+        for left in [9, 8] {
+            let d = store.acquire_now(&key, &policy, 1).unwrap();
+            assert!(d.allowed);
+            assert_eq!(d.remaining, left);
+            assert_eq!(d.reset_after, Duration::from_secs(10 - left));
+        }
+        assert_eq!(store.peek_now(&key, &policy, 1).unwrap().remaining, 7);
+        store.sweep_expired();
+    }
+}

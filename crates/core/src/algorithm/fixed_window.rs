@@ -28,7 +28,7 @@ pub fn apply(
         Some(s) if s.window_start >= current => (s.window_start, s.count),
         _ => (current, 0),
     };
-    let until_end = start + p.window_micros - now;
+    let until_end = super::until(start, p.window_micros, now);
     let allowed = count + cost <= p.limit;
     let count = if allowed { count + cost } else { count };
     let ttl_micros = (commit && allowed).then(|| {

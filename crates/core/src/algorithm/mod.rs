@@ -176,12 +176,25 @@ pub const fn expires_at_ms(now: u64, ttl: u64) -> u64 {
     now.saturating_add(if ttl > 1000 { ttl } else { 1000 }) / 1000
 }
 
+/// `at + span - now` without overflow near the end of `u64` (saturating only where the true
+/// value does not fit): the time from `now` until `span` after `at`, which is not before
+/// `now` (`at` may be before or after it).
+pub(crate) const fn until(at: u64, span: u64, now: u64) -> u64 {
+    if at >= now {
+        (at - now).saturating_add(span)
+    } else {
+        span.saturating_sub(now - at)
+    }
+}
+
 /// Ends `decision`'s `retry_after` and `reset_after` no later than the first microsecond at
 /// which a bucket alive through the millisecond `expires_at_ms` is gone (Redis expiry), for a
 /// decision made at `now` under a bucket that [`runs_out_at_expiry`]: a fresh bucket admits
 /// the caller's cost then (it was checked against the caller's limit).
 pub fn cap_at_expiry(decision: &mut Decision, now: u64, expires_at_ms: u64) {
-    let gone = Duration::from_micros(((expires_at_ms + 1) * 1000).saturating_sub(now));
+    let gone = Duration::from_micros(
+        (expires_at_ms.saturating_add(1).saturating_mul(1000)).saturating_sub(now),
+    );
     if let Some(retry) = &mut decision.retry_after {
         *retry = (*retry).min(gone);
     }
@@ -365,3 +378,55 @@ pub fn decide(
 
 #[cfg(test)]
 mod proptests;
+
+#[cfg(test)]
+mod edge_times {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Rate;
+
+    /// A clock reading within a TTL of `u64::MAX` (a broken or hostile `Clock`): every
+    /// algorithm decides without overflowing (it panicked in debug builds and wrapped in
+    /// release ones, giving a reset of a few µs), and the expiry saturates.
+    #[test]
+    fn times_near_the_end_of_u64_decide_without_overflow() {
+        let policies = [
+            Policy::token_bucket(10, Rate::per_second(1)).unwrap(),
+            Policy::token_bucket(10, Rate::per_second(1))
+                .unwrap()
+                .with_max_elapsed(Duration::from_secs(1))
+                .unwrap(),
+            Policy::fixed_window(10, Duration::from_secs(60)).unwrap(),
+            Policy::sliding_log(3, Duration::from_secs(60)).unwrap(),
+        ];
+        for policy in &policies {
+            for now in [u64::MAX - 1_000_000, u64::MAX - 1, u64::MAX] {
+                let mut record = None;
+                let mut spent = 0;
+                for cost in [1, 2, 10, 1] {
+                    let cost = cost.min(policy.limit());
+                    let out = apply(&mut record, policy, now, cost, true).unwrap();
+                    let mut d = out.decision;
+                    if d.allowed {
+                        spent += cost;
+                    }
+                    // exact, as at any other instant: a token bucket refills 1 token a second,
+                    // a window resets at its end (aligned to the epoch), a log a minute on
+                    let want = match policy.algorithm() {
+                        Algorithm::TokenBucket(_) => Duration::from_secs(spent),
+                        Algorithm::FixedWindow(_) => {
+                            Duration::from_micros(60_000_000 - now % 60_000_000)
+                        }
+                        _ => Duration::from_secs(60),
+                    };
+                    assert_eq!(d.reset_after, want, "{policy} at {now}, cost {cost}");
+                    if let Some(ttl) = out.ttl_micros {
+                        cap_at_expiry(&mut d, now, expires_at_ms(now, ttl));
+                    }
+                }
+                apply(&mut record, policy, now, 1, false).unwrap();
+            }
+        }
+    }
+}

@@ -29,7 +29,7 @@ pub fn apply(
     let first_live = state
         .entries
         .iter()
-        .position(|&(t, _)| t + w > eff)
+        .position(|&(t, _)| eff - t < w)
         .unwrap_or(state.entries.len());
     let live = state.entries.range(first_live..);
     let sum: u64 = live.clone().map(|&(_, c)| c).sum();
@@ -37,15 +37,15 @@ pub fn apply(
 
     let retry_after = (!allowed).then(|| {
         let mut left = sum;
-        let mut at = eff;
+        let mut wait = eff - now;
         for &(t, c) in live.clone() {
             left -= c;
-            at = t + w;
+            wait = super::until(t, w, now);
             if left + cost <= p.limit {
                 break;
             }
         }
-        at - now
+        wait
     });
 
     let (sum, newest) = if allowed {
@@ -53,7 +53,7 @@ pub fn apply(
     } else {
         (sum, live.clone().next_back().map(|&(t, _)| t))
     };
-    let reset_after = newest.map_or(0, |t| t + w - now);
+    let reset_after = newest.map_or(0, |t| super::until(t, w, now));
 
     let mut ttl_micros = None;
     // Only an admission records its time, so only an admission may prune: pruning on a denial

@@ -92,9 +92,10 @@ fn step(
     // after call is admitted at the earliest possible instant.
     let retry_after = (!allowed).then(|| {
         let wait = div_ceil(need - level, p.rate);
-        eff + p.max_elapsed_micros.map_or(wait, |max| wait.min(max)) - now
+        (eff - now).saturating_add(p.max_elapsed_micros.map_or(wait, |max| wait.min(max)))
     });
-    let reset_after = eff + div_ceil(cap - level, p.rate) - now;
+    // eff >= now: differences first, so no instant near the end of u64 overflows
+    let reset_after = (eff - now).saturating_add(div_ceil(cap - level, p.rate));
 
     let out = Outcome {
         decision: Decision::shared(
