@@ -123,13 +123,24 @@ impl HeaderCost {
 
 impl CostFn for HeaderCost {
     fn cost<B>(&self, request: &Request<B>) -> Result<u64, Rejection> {
-        let Some(value) = request.headers().get(&self.name) else {
+        let mut values = request.headers().get_all(&self.name).iter();
+        let Some(value) = values.next() else {
             return Ok(self.default);
         };
+        // Two declarations of one cost: whichever the handler reads, charging the other
+        // could be charging less than the request uses.
+        if values.next().is_some() {
+            return Err(Rejection::new(
+                StatusCode::BAD_REQUEST,
+                format!("{} must be given once", self.name),
+            ));
+        }
         value
             .to_str()
             .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(str::trim)
+            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok())
             .filter(|c| (self.min..=self.max).contains(c))
             .ok_or_else(|| {
                 Rejection::new(
@@ -191,7 +202,7 @@ mod tests {
     #[test]
     fn unparsable_values_are_refused() {
         let cost = HeaderCost::new(HeaderName::from_static("x-cost"), 1, 1, 10).unwrap();
-        for bad in ["0", "-1", "1.5", "ten", ""] {
+        for bad in ["0", "-1", "1.5", "ten", "", "+5", "5, 7"] {
             let req = Request::builder().header("x-cost", bad).body(()).unwrap();
             assert_eq!(
                 cost.cost(&req).unwrap_err().status(),
@@ -199,5 +210,22 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// Repeated, the header declared two costs: the first was charged, while a handler
+    /// reading the last (or every) value did the work of the other, up to `max` for the price
+    /// of 1.
+    #[test]
+    fn a_cost_given_twice_is_refused() {
+        let cost = HeaderCost::new(HeaderName::from_static("x-cost"), 1, 1, 100).unwrap();
+        let req = Request::builder()
+            .header("x-cost", "1")
+            .header("x-cost", "100")
+            .body(())
+            .unwrap();
+        let refused = cost.cost(&req).unwrap_err();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        let req = Request::builder().header("x-cost", " 7 ").body(()).unwrap();
+        assert_eq!(cost.cost(&req).unwrap(), 7);
     }
 }
