@@ -70,13 +70,29 @@ impl FromStr for Cidr {
             Some((a, p)) => (a, Some(p)),
             None => (s.trim(), None),
         };
-        let network = addr.parse::<IpAddr>().map_err(|_| bad())?.to_canonical();
-        let max = if network.is_ipv4() { 32 } else { 128 };
+        let written = addr.parse::<IpAddr>().map_err(|_| bad())?;
+        let network = written.to_canonical();
+        // An IPv4-mapped block (`::ffff:10.0.0.0/104`) is written in IPv6 terms: its prefix
+        // counts the 96 bits of the mapping, and one shorter than that is not a block of
+        // IPv4 addresses at all.
+        let (max, mapped_bits) = match (written, network) {
+            (IpAddr::V6(_), IpAddr::V4(_)) => (128, 96),
+            (_, IpAddr::V4(_)) => (32, 0),
+            (_, IpAddr::V6(_)) => (128, 0),
+        };
         let prefix = match prefix {
-            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?,
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| (mapped_bits..=max).contains(p))
+                .ok_or_else(bad)?,
+            Some(_) => return Err(bad()),
             None => max,
         };
-        Ok(Self { network, prefix })
+        Ok(Self {
+            network,
+            prefix: prefix - mapped_bits,
+        })
     }
 }
 
@@ -514,6 +530,14 @@ mod tests {
         let v6: Cidr = "2001:db8::/32".parse().unwrap();
         assert!(v6.contains(ip("2001:db8:ffff::1")));
         assert!(!v6.contains(ip("2001:db9::1")));
+        // an IPv4-mapped block is the IPv4 block it maps (peers are compared as IPv4)
+        let mapped: Cidr = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert_eq!(mapped, "10.0.0.0/8".parse().unwrap());
+        assert!(mapped.contains(ip("10.9.8.7")) && mapped.contains(ip("::ffff:10.9.8.7")));
+        assert_eq!(
+            "::ffff:10.1.2.3".parse::<Cidr>().unwrap().to_string(),
+            "10.1.2.3/32"
+        );
         let all: Cidr = "0.0.0.0/0".parse().unwrap();
         assert!(all.contains(ip("203.0.113.1")));
         let one: Cidr = "192.0.2.7".parse().unwrap();
@@ -525,6 +549,10 @@ mod tests {
             "10.0.0/8",
             "host/8",
             "10.0.0.0/-1",
+            "10.0.0.0/+8",
+            "10.0.0.0/",
+            "10.0.0.0/ 8",
+            "::ffff:10.0.0.0/95",
             "",
         ] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
