@@ -39,7 +39,7 @@
 //! | `policy` | yes | a policy spec, e.g. `"token-bucket:capacity=10,rate=2"` |
 //! | `failure_mode` | yes | `"open"`, `"closed"` or `"degraded"` |
 //! | `expected_instances` | no | with `degraded`: divide the local quota by this (default 1) |
-//! | `timeout` | no | deadline of one store call, e.g. `"100ms"` (default 250 ms) |
+//! | `timeout` | no | deadline of one store call, a duration with its unit as policy windows take it, e.g. `"100ms"`, `"1s 500ms"`, `"1h"` (default 250 ms) |
 //!
 //! Top level: `legacy_headers = true|false`, a `[proxies]` table with `trusted = [CIDR...]`
 //! and `header = "x-forwarded-for" | "forwarded"`, and a `[client_ip]` table with
@@ -527,7 +527,7 @@ impl Validator<'_> {
     ) -> Result<Option<Duration>, ConfigError> {
         let timeout = match raw {
             None => None,
-            Some(t) => match humantime_like(t.get_ref()) {
+            Some(t) => match humantime::parse_duration(t.get_ref().trim()).ok() {
                 Some(d) if !d.is_zero() => Some(d),
                 _ => {
                     return self.err(
@@ -680,20 +680,6 @@ fn path_error(path: &str, error: &matchit::InsertError, routes: &[RouteConfig]) 
             "{path:?} is not a route path axum accepts: {other} (write parameters as \
              {{name}}, one per segment, or {{*rest}} at the end; literal braces as {{{{ and }}}})"
         ),
-    }
-}
-
-/// `250ms`, `1s`, `2m`: a number and a unit (ms, s, m).
-fn humantime_like(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = text.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    match unit.trim() {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        _ => None,
     }
 }
 
@@ -994,5 +980,19 @@ failure_mode = "closed"
         };
         assert_eq!((c.default_cost(), c.bounds()), (1, (1, 4)));
         assert_eq!(error(&with("timeout = \"soon\"")).field, "route[0].timeout");
+        // the durations policy windows take (humantime), not a subset of them
+        for (text, want) in [
+            ("1h", Duration::from_secs(3600)),
+            ("1s 500ms", Duration::from_millis(1500)),
+            ("2min", Duration::from_secs(120)),
+            (" 250ms ", Duration::from_millis(250)),
+        ] {
+            let f = PolicyFile::parse(&with(&format!("timeout = \"{text}\""))).unwrap();
+            assert_eq!(f.routes[0].timeout, Some(want), "{text}");
+        }
+        for bad in ["0s", "", "-1s", "5"] {
+            let field = error(&with(&format!("timeout = \"{bad}\""))).field;
+            assert_eq!(field, "route[0].timeout", "{bad:?}");
+        }
     }
 }
