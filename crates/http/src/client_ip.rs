@@ -159,6 +159,8 @@ impl TrustedProxies {
     /// the last trusted hop, since nothing left of it can be believed. If every hop is
     /// trusted, the leftmost one is the client.
     ///
+    /// Empty entries are skipped, as lists allow them (RFC 9110 §5.6.1).
+    ///
     /// Each line is cut into entries from the right and only as far as the walk goes, so what
     /// a client wrote at the left of a line a proxy appended to can neither hide nor alter the
     /// entries to its right: an `X-Forwarded-For` line is cut at every comma (the syntax has
@@ -180,11 +182,14 @@ impl TrustedProxies {
                 ForwardedHeader::XForwardedFor => self.walk(
                     &mut client,
                     line.rsplit(|&b| b == b',')
+                        .filter(|entry| !entry.trim_ascii().is_empty())
                         .map(|entry| parse_node(std::str::from_utf8(entry).ok()?)),
                 ),
                 ForwardedHeader::Forwarded => self.walk(
                     &mut client,
-                    ForwardedElements::new(line).map(|element| forwarded_for(element?)),
+                    ForwardedElements::new(line)
+                        .filter(|element| element.is_none_or(|e| !e.trim_ascii().is_empty()))
+                        .map(|element| forwarded_for(element?)),
                 ),
             };
             if settled {
@@ -252,7 +257,7 @@ impl<'a> Iterator for ForwardedElements<'a> {
 }
 
 /// Cuts `text` at each `sep` outside a quoted string (as [`ForwardedElements`], from the
-/// left); `None` if a string is left open or a quote stands outside a value's start.
+/// left); `None` if a string is left open.
 fn split_outside_quotes(text: &[u8], sep: u8) -> Option<Vec<&[u8]>> {
     let (mut parts, mut from, mut quoted, mut escaped) = (Vec::new(), 0, false, false);
     for (i, &b) in text.iter().enumerate() {
@@ -284,6 +289,9 @@ fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
     let mut node = None;
     for pair in split_outside_quotes(element, b';')? {
         let pair = std::str::from_utf8(pair).ok()?;
+        if pair.trim().is_empty() {
+            continue; // `for=192.0.2.1;` (RFC 7239: pairs may be empty)
+        }
         let (name, value) = pair.split_once('=')?;
         let value = value.trim();
         let value = match value.strip_prefix('"') {
@@ -706,6 +714,26 @@ mod tests {
         // across lines: the last line is nearest
         let h = headers("forwarded", &[r#"for="6.6.6.6"#, "for=203.0.113.7"]);
         assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
+    }
+
+    /// Lists may hold empty elements and elements empty pairs; a recipient ignores them
+    /// (RFC 9110 §5.6.1, RFC 7239 §4).
+    #[test]
+    fn empty_list_elements_and_pairs_are_skipped() {
+        let p = forwarded_trusting_10();
+        for line in [
+            "for=203.0.113.7;, for=10.0.0.5",
+            "for=203.0.113.7;;proto=https, , for=10.0.0.5",
+            ";for=203.0.113.7, for=10.0.0.5,",
+        ] {
+            let h = headers("forwarded", &[line]);
+            assert_eq!(p.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"), "{line}");
+        }
+        let h = headers("x-forwarded-for", &["203.0.113.7, , 10.0.0.5,"]);
+        assert_eq!(
+            xff_trusting(&["10.0.0.0/8"]).client_ip(ip("10.0.0.1"), &h),
+            ip("203.0.113.7")
+        );
     }
 
     #[test]
