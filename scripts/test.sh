@@ -26,4 +26,4 @@ cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc "$@"
 # rediss:// against a TLS redis-server with certificates made by the test (the `tls` feature
 # is off by default, so the workspace run above does not build these)
-cargo test -p tollgate-redis --features tls --test tls --test tls_verify "$@"
+cargo test -p tollgate-redis --features tls --test tls --test tls_verify --test tls_sentinel "$@"

@@ -82,6 +82,8 @@ struct PrimaryAuth {
     username: Option<String>,
     password: Option<String>,
     db: i64,
+    /// Connect to the data nodes over verified TLS.
+    tls: bool,
 }
 
 impl fmt::Debug for PrimaryAuth {
@@ -90,6 +92,7 @@ impl fmt::Debug for PrimaryAuth {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("db", &self.db)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -108,7 +111,12 @@ impl PrimaryAuth {
         if let Some(password) = &self.password {
             info = info.set_password(password);
         }
-        Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(info))
+        let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
+        Some(if self.tls {
+            node.set_tls_mode(redis::TlsMode::Secure)
+        } else {
+            node
+        })
     }
 }
 
@@ -233,6 +241,17 @@ impl RedisStoreBuilder {
     /// 0). A single server takes it from its URL's path; a Cluster has only database 0.
     pub fn primary_db(self, db: i64) -> Self {
         self.with_primary(|auth| auth.db = db)
+    }
+
+    /// Sentinel only: connects to the data nodes over TLS, verifying each node's certificate
+    /// (issued for the address the sentinels report, usually an IP) against the system's
+    /// roots, or those in `SSL_CERT_FILE` / `SSL_CERT_DIR`, as a `rediss://` URL does. The
+    /// sentinels must monitor the nodes' TLS ports (`tls-replication yes` on the sentinels
+    /// and nodes), since the store connects to the address they report. The sentinels
+    /// themselves are reached over TLS when their URLs are `rediss://`.
+    #[cfg(feature = "tls")]
+    pub fn primary_tls(self) -> Self {
+        self.with_primary(|auth| auth.tls = true)
     }
 
     fn with_primary(mut self, set: impl FnOnce(&mut PrimaryAuth)) -> Self {

@@ -7,120 +7,20 @@
 #![allow(unsafe_code)] // set_var/remove_var while no other thread reads the environment
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tollgate_core::{ErrorClass, Key, Policy, Store, StoreError};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::server::RedisServer;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl");
-    assert!(status.success(), "openssl {args:?}");
-}
-
-/// A self-signed CA `<name>.pem` / `<name>.key` in `d`.
-fn make_ca(d: &Path, name: &str) {
-    let (pem, key) = (format!("{name}.pem"), format!("{name}.key"));
-    openssl(
-        d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &pem,
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN=tollgate {name}"),
-        ],
-    );
-}
-
-/// A server certificate `<name>.pem` / `<name>.key` for `san`, signed by CA `ca`.
-fn make_server_cert(d: &Path, name: &str, ca: &str, san: &str) {
-    let ext = format!("{name}.cnf");
-    std::fs::write(d.join(&ext), format!("subjectAltName={san}\n")).unwrap();
-    let (pem, key, csr) = (
-        format!("{name}.pem"),
-        format!("{name}.key"),
-        format!("{name}.csr"),
-    );
-    openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            "/CN=tollgate test server",
-        ],
-    );
-    openssl(
-        d,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &pem,
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-        ],
-    );
-}
+use tollgate_testkit::tls::{self, make_ca, make_server_cert};
 
 /// A redis-server with a TLS port serving certificate `cert`; returns it and the TLS port.
 fn tls_server(d: &Path, cert: &str) -> (RedisServer, u16) {
-    let port = free_port();
-    let path = |f: String| d.join(f).to_string_lossy().into_owned();
+    let port = tls::free_port();
     let server = RedisServer::builder()
-        .extra_args([
-            "--tls-port".into(),
-            port.to_string(),
-            "--tls-cert-file".into(),
-            path(format!("{cert}.pem")),
-            "--tls-key-file".into(),
-            path(format!("{cert}.key")),
-            "--tls-ca-cert-file".into(),
-            path("ca.pem".into()),
-            "--tls-auth-clients".into(),
-            "no".to_owned(),
-        ])
+        .extra_args(tls::server_args(d, port, cert, "ca"))
         .start();
     (server, port)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn connect(url: &str) -> Result<RedisStore, StoreError> {

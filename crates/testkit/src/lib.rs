@@ -11,3 +11,4 @@ pub mod logs;
 pub mod proxy;
 pub mod sentinel;
 pub mod server;
+pub mod tls;

@@ -2,7 +2,6 @@
 //! freezes and moves), plus store constructors and inspection helpers.
 #![allow(dead_code, clippy::missing_panics_doc)]
 
-use std::net::TcpListener;
 use std::time::Duration;
 
 use tollgate_redis::RedisStore;
@@ -67,13 +66,4 @@ impl Server {
         let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut self.conn()).unwrap();
         s * 1_000_000 + us
     }
-}
-
-/// A free loopback port (free when asked; a server binds it right after).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
