@@ -57,6 +57,8 @@ impl fmt::Debug for LocalFallback {
 pub(crate) trait DecideNow: Send + Sync {
     fn acquire_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
     fn peek_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
+    /// Drops `key`'s bucket, if the store holds any bucket at all.
+    fn forget(&self, key: &Key);
     fn describe(&self) -> String;
 }
 
@@ -67,6 +69,12 @@ impl<C: Clock> DecideNow for LocalStore<C> {
 
     fn peek_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
         LocalStore::peek_now(self, key, policy, cost)
+    }
+
+    fn forget(&self, key: &Key) {
+        if !self.is_empty() {
+            self.reset_now(key);
+        }
     }
 
     fn describe(&self) -> String {

@@ -423,3 +423,65 @@ async fn degraded_enforcement_refills_exactly_when_its_clock_is_moved() {
     assert!(!decide().await.allowed);
     assert_eq!(local.len(), 1, "decided on the caller's store");
 }
+
+/// Calls `check` on `who` until the shared store decides it (at most 5 s).
+async fn until_shared(limiter: &Limiter, who: &str) {
+    let started = Instant::now();
+    loop {
+        if let Ok(d) = limiter.check([who], 1).await
+            && d.enforcement == Enforcement::Shared
+        {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "no recovery");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Degraded enforcement ends when the store answers: a key's local bucket from one outage is
+/// gone at its next shared decision (or reset), so the next outage starts with a full one.
+/// The second outage's first call was denied for two hours by the first outage's spent share.
+#[tokio::test]
+async fn a_second_outage_starts_with_full_local_buckets() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .unwrap();
+    // 4 tokens, one more per hour; this instance's share under 2 instances: 2.
+    let policy = Policy::token_bucket(4, Rate::new(1, Duration::from_secs(3600))).unwrap();
+    let limiter =
+        limiter_with_breaker("outages", policy, store, FailureMode::degraded(2), DEADLINE);
+    let shared = limiter.check(["u"], 1).await.unwrap();
+    assert_eq!(shared.enforcement, Enforcement::Shared);
+
+    let spend_share = || async {
+        let mut admitted = 0;
+        for _ in 0..4 {
+            let d = limiter.check(["u"], 1).await.unwrap();
+            assert_eq!(d.enforcement, Enforcement::Degraded);
+            admitted += usize::from(d.allowed);
+        }
+        admitted
+    };
+    // Outage 1 spends the local share.
+    server.kill();
+    assert_eq!(spend_share().await, 2);
+
+    // The store answers again (restarted empty) and decides "u".
+    server.restart();
+    until_shared(&limiter, "probe").await;
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    let d = limiter.check(["u"], 1).await.unwrap();
+    assert!(d.allowed && d.enforcement == Enforcement::Shared, "{d:?}");
+
+    // Outage 2 starts with a full local bucket for "u".
+    server.kill();
+    assert_eq!(spend_share().await, 2, "the second outage's local share");
+
+    // A reset while the store is down drops the local bucket too.
+    limiter.reset(["u"]).await.unwrap_err();
+    let d = limiter.check(["u"], 1).await.unwrap();
+    assert!(d.allowed && d.enforcement == Enforcement::Degraded, "{d:?}");
+}
