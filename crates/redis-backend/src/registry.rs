@@ -9,7 +9,10 @@
 //! so a lost notification (a dropped subscription) delays a switch by at most one poll.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use futures_util::StreamExt as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -74,11 +77,14 @@ pub enum Published {
 
 /// Named policies in Redis. Cloning is cheap; clones share the connection, which reconnects
 /// by itself after Redis restarts or drops it (the call that met the failure reports it; the
-/// next one goes over a new connection).
+/// next one goes over a new connection), and is replaced after a call times out: a path that
+/// died without a reset (a NAT or firewall dropping its state) answers nothing, and would
+/// otherwise time every later call out for good.
 #[derive(Clone)]
 pub struct RedisRegistry {
     client: redis::Client,
-    conn: ConnectionManager,
+    config: ConnectionManagerConfig,
+    conn: Arc<ArcSwap<ConnectionManager>>,
     key: String,
     timeout: Duration,
 }
@@ -121,17 +127,23 @@ impl RedisRegistry {
             .set_number_of_retries(1);
         let conn = tokio::time::timeout(
             timeout,
-            ConnectionManager::new_with_config(client.clone(), config),
+            ConnectionManager::new_with_config(client.clone(), config.clone()),
         )
         .await
         .map_err(|_| StoreError::Timeout(timeout))?
         .map_err(|e| classify(&e))?;
         Ok(Self {
             client,
-            conn,
+            config,
+            conn: Arc::new(ArcSwap::from_pointee(conn)),
             key: format!("{prefix}registry"),
             timeout,
         })
+    }
+
+    /// The shared connection.
+    fn conn(&self) -> ConnectionManager {
+        ConnectionManager::clone(&self.conn.load())
     }
 
     /// The deadline of every call.
@@ -148,10 +160,21 @@ impl RedisRegistry {
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, RegistryError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r.map_err(|e| RegistryError::Store(classify(&e))),
-            Err(_) => Err(RegistryError::Store(StoreError::Timeout(self.timeout))),
+        let error = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) if !e.is_timeout() => return Err(RegistryError::Store(classify(&e))),
+            Ok(Err(e)) => classify(&e),
+            Err(_) => StoreError::Timeout(self.timeout),
+        };
+        // Silence (the connection's own response timeout, or the deadline): the next call
+        // goes over a new connection, made when first used (the settings made the first one,
+        // so they make this one).
+        if let Ok(fresh) =
+            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+        {
+            self.conn.store(Arc::new(fresh));
         }
+        Err(RegistryError::Store(error))
     }
 
     /// Publishes `policy` under `name`, atomically: refused if a higher generation is stored
@@ -166,7 +189,7 @@ impl RedisRegistry {
             .arg(policy.generation())
             .arg(policy.to_spec())
             .arg(&self.key);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let reply: Vec<i64> = self.deadline(inv.invoke_async(&mut conn)).await?;
         let stored = |i: usize| reply.get(i).map_or(0, |&g| g.unsigned_abs());
         match reply.first() {
@@ -187,7 +210,7 @@ impl RedisRegistry {
     /// The policy published under `name`, if any.
     pub async fn get(&self, name: &str) -> Result<Option<Policy>, RegistryError> {
         check_name(name)?;
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let mut cmd = redis::cmd("HGET");
         cmd.arg(&self.key).arg(name);
         let value: Option<String> = self.deadline(cmd.query_async(&mut conn)).await?;
@@ -196,7 +219,7 @@ impl RedisRegistry {
 
     /// Every published policy, by name.
     pub async fn list(&self) -> Result<Vec<(String, Policy)>, RegistryError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(&self.key);
         let entries: Vec<(String, String)> = self.deadline(cmd.query_async(&mut conn)).await?;
@@ -216,7 +239,7 @@ impl RedisRegistry {
     /// how many subscribers received it.
     pub async fn announce_reset(&self, name: &str, key: &str) -> Result<u64, RegistryError> {
         check_name(name)?;
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(&self.key).arg(format!("{name}\n{key}"));
         self.deadline(cmd.query_async(&mut conn)).await
@@ -225,10 +248,13 @@ impl RedisRegistry {
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy
     /// published from now on (and each reset announced), until its connection drops.
     pub async fn subscribe(&self) -> Result<Subscription, RegistryError> {
-        let mut pubsub = self.deadline(self.client.get_async_pubsub()).await?;
-        self.deadline(pubsub.subscribe(&self.key)).await?;
+        let pubsub = self.deadline(self.client.get_async_pubsub()).await?;
+        let (mut sink, stream) = pubsub.split();
+        self.deadline(sink.subscribe(&self.key)).await?;
         Ok(Subscription {
-            stream: Box::pin(pubsub.into_on_message().filter_map(|msg| async move {
+            sink,
+            timeout: self.timeout,
+            stream: Box::pin(stream.filter_map(|msg| async move {
                 let Ok(Value::BulkString(payload)) = msg.get_payload::<Value>() else {
                     return None;
                 };
@@ -263,6 +289,8 @@ pub enum Notice {
 
 /// Publications and resets announced since [`RedisRegistry::subscribe`].
 pub struct Subscription {
+    sink: redis::aio::PubSubSink,
+    timeout: Duration,
     stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = Notice> + Send>>,
 }
 
@@ -286,6 +314,16 @@ impl Subscription {
     /// The next publication or reset; `None` once the subscription's connection is gone.
     pub async fn next_notice(&mut self) -> Option<Notice> {
         self.stream.next().await
+    }
+
+    /// Whether the subscription's connection still answers: a `PING` on it within the
+    /// registry's timeout. A connection whose path died without a reset never ends the
+    /// stream of notices, only falls silent, so a follower asks now and then.
+    pub async fn alive(&mut self) -> bool {
+        matches!(
+            tokio::time::timeout(self.timeout, self.sink.ping::<Value>()).await,
+            Ok(Ok(_))
+        )
     }
 }
 

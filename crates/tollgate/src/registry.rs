@@ -11,7 +11,11 @@
 //! follower switches at most `poll_interval + timeout` after a publication (the registry's
 //! call deadline), however the notification fares, as long as Redis answers the poll. After
 //! Redis restarts or drops the registry's connection, the poll that meets the failure reports
-//! it and the connection reconnects, so the bound holds again from the next poll.
+//! it and the connection reconnects, so the bound holds again from the next poll. A
+//! connection that falls silent (a path that died without a reset) is replaced after a call
+//! times out, and each poll checks that the subscription answers a `PING`, resubscribing if
+//! it does not: a silent subscription would never end, and its notices (resets among them)
+//! would be lost for good.
 //!
 //! During that window instances run different generations on the same buckets. That is safe:
 //! a bucket written by a newer generation decides older callers under the newer parameters
@@ -119,9 +123,9 @@ impl Follow {
         tick.tick().await;
         loop {
             if let Some(s) = &mut sub {
-                tokio::select! {
+                let polled = tokio::select! {
                     notice = s.next_notice() => match notice {
-                        Some(Notice::Published(name)) if name == self.name => {}
+                        Some(Notice::Published(name)) if name == self.name => false,
                         Some(Notice::Reset { name, key }) if name == self.name => {
                             for l in &self.limiters {
                                 l.forget_denial(&key);
@@ -130,11 +134,26 @@ impl Follow {
                         }
                         Some(_) => continue,
                         None => {
-                            tracing::warn!(name = %self.name, "policy registry subscription lost; polling until it is back");
+                            tracing::warn!(name = %self.name, "policy registry subscription lost; resubscribing");
                             sub = None;
+                            false
                         }
                     },
-                    _ = tick.tick() => {}
+                    _ = tick.tick() => true,
+                };
+                // A subscription whose path died silently never ends: each poll checks that
+                // it still answers.
+                if polled
+                    && let Some(s) = &mut sub
+                    && !s.alive().await
+                {
+                    tracing::warn!(name = %self.name, "policy registry subscription stalled; resubscribing");
+                    sub = None;
+                }
+                if sub.is_none() {
+                    // At once: notices sent until it is back are lost (the poll still
+                    // catches publications, not resets).
+                    sub = self.registry.subscribe().await.ok();
                 }
             } else {
                 tick.tick().await;

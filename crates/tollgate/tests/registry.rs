@@ -281,3 +281,94 @@ async fn a_reset_through_a_follower_clears_every_instances_deny_cache() {
         "a reset announced through the registry reached the other instance's deny cache in {took:?}"
     );
 }
+
+/// The registry's path dies without a reset (`FaultProxy::stall_open`: every open connection
+/// falls silent; new ones pass). Before, the poll's connection timed out on every poll and
+/// the subscription's stream never ended, so the follower stayed on generation 1 for good
+/// (6 s = 20 × its bound in the review's run). The poll's connection is replaced after a
+/// timeout, and a subscription that no longer answers a `PING` is replaced.
+#[tokio::test]
+async fn a_follower_converges_after_its_connections_stall() {
+    let server = RedisServer::start();
+    let proxy = tollgate_testkit::proxy::FaultProxy::start(server.port());
+    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
+    registry(&server).await.publish("api", &g1).await.unwrap();
+    let limiter = instance_with(&server, g1, None).await;
+    let reg = RedisRegistry::connect(&proxy.url(), "tollgate:", Duration::from_millis(200))
+        .await
+        .unwrap();
+    let mut follower = PolicyFollower::start(
+        reg,
+        "api",
+        std::slice::from_ref(&limiter),
+        Duration::from_millis(100),
+    )
+    .await
+    .unwrap();
+    let bound = follower.bound();
+    proxy.stall_open();
+    let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
+    registry(&server).await.publish("api", &g2).await.unwrap();
+    // one poll meets the silence, the next goes over a new connection
+    let within = bound * 5;
+    let switched = tokio::time::timeout(within, async {
+        while follower.current().generation() < 2 {
+            follower.changed().await;
+        }
+    })
+    .await;
+    assert!(
+        switched.is_ok(),
+        "no switch to generation 2 within {within:?} (bound {bound:?}); limiter at {}",
+        limiter.policy()
+    );
+    assert_eq!(limiter.policy(), g2);
+}
+
+/// The same stall: the follower notices its silent subscription at its next poll and
+/// resubscribes, so a reset announced after that reaches its deny cache.
+#[tokio::test]
+async fn a_reset_reaches_a_follower_whose_subscription_stalled() {
+    let server = RedisServer::start();
+    let proxy = tollgate_testkit::proxy::FaultProxy::start(server.port());
+    let policy = spec("fixed-window:limit=1,window=1h");
+    let a = instance_with(&server, policy, Some(100)).await;
+    let b = instance_with(&server, policy, Some(100)).await;
+    let fa = PolicyFollower::start(
+        registry(&server).await,
+        "api",
+        std::slice::from_ref(&a),
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    let reg_b = RedisRegistry::connect(&proxy.url(), "tollgate:", Duration::from_millis(200))
+        .await
+        .unwrap();
+    let fb = PolicyFollower::start(
+        reg_b,
+        "api",
+        std::slice::from_ref(&b),
+        Duration::from_millis(100),
+    )
+    .await
+    .unwrap();
+    proxy.stall_open();
+    assert!(a.check(["k"], 1).await.unwrap().allowed);
+    assert!(
+        !b.check(["k"], 1).await.unwrap().allowed,
+        "cached for the hour"
+    );
+    // a poll, its PING's deadline and a resubscription
+    tokio::time::sleep(fb.bound() * 4).await;
+    fa.reset(&a, ["k"]).await.unwrap();
+    let started = Instant::now();
+    let within = fb.bound() * 10;
+    while !b.check(["k"], 1).await.unwrap().allowed {
+        assert!(
+            started.elapsed() < within,
+            "the announced reset never reached b's deny cache within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
