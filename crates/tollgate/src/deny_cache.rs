@@ -16,6 +16,16 @@
 //! but for longer (a token bucket must refill the difference too), and a cached answer would
 //! tell its client a `Retry-After` at which it is refused again.
 //!
+//! A cached answer repeats the denial it was made from, its `retry_after` and `reset_after`
+//! counted down to now; its `remaining` is the denial's, a lower bound of the store's by then
+//! (a token bucket refills, a sliding log's older entries leave, while the key stays denied
+//! for this cost).
+//!
+//! Exactness assumes the store keeps what it decided. A store that loses its buckets — a Redis
+//! restarted without persistence, a failover that drops unreplicated writes, `FLUSHDB`, an
+//! eviction under `maxmemory` — would admit the key at once, while the cache keeps denying it
+//! until the cached deadline at the latest: as if the lost bucket were still there.
+//!
 //! Invalidation across processes: a policy change made through another instance reaches this
 //! one as a publication in the policy registry, which its follower applies (the entry no
 //! longer matches the policy); a reset reaches it when made through
@@ -129,13 +139,17 @@ impl DenyCache {
                 return;
             }
         }
+        // A wait past what an `Instant` can hold (a custom store's "never") is not cached.
+        let Some(until) = sent.checked_add(retry) else {
+            return;
+        };
         let entry = Entry {
-            until: sent + retry,
+            until,
             cost,
             policy: identity(policy),
             limit: decision.limit,
             remaining: decision.remaining,
-            reset_until: sent + decision.reset_after,
+            reset_until: sent.checked_add(decision.reset_after).unwrap_or(until),
         };
         let slot = self.entries.entry(key.clone());
         // Checked under the entry's lock: a reset bumps the epoch before it takes that lock to
@@ -180,6 +194,24 @@ mod tests {
 
     fn denial(retry_ms: u64) -> Decision {
         Decision::shared(false, 10, 0, Some(retry_ms * 1000), 10_000_000)
+    }
+
+    /// A custom store's "never" (`Duration::MAX`) overflowed `Instant + retry` and panicked
+    /// the limiter when the denial was cached; it is not cached.
+    #[test]
+    fn a_wait_past_any_instant_is_not_cached() {
+        let cache = DenyCache::new(100);
+        let key = Key::new("op", ["k"]).unwrap();
+        let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+        let mut never = denial(500);
+        never.retry_after = Some(Duration::MAX);
+        never.reset_after = Duration::MAX;
+        cache.insert(&key, &p, 3, &never, (Instant::now(), 0));
+        assert!(cache.lookup(&key, &p, 3, Instant::now()).is_none());
+        let mut long_reset = denial(500);
+        long_reset.reset_after = Duration::MAX;
+        cache.insert(&key, &p, 3, &long_reset, (Instant::now(), 0));
+        assert!(cache.lookup(&key, &p, 3, Instant::now()).is_some());
     }
 
     #[test]

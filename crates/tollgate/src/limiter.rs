@@ -190,7 +190,11 @@ impl LimiterBuilder {
     /// `retry_after` at the latest. The deadline runs on this process's monotonic clock,
     /// while the store decides on its own (Redis `TIME`): exact while both advance together;
     /// if Redis's clock is stepped forward, the store may admit the key before the cached
-    /// deadline, which this cache still denies until then.
+    /// deadline, which this cache still denies until then. Likewise if the store loses its
+    /// buckets (a Redis restarted without persistence, a failover dropping unreplicated
+    /// writes, `FLUSHDB`, eviction): the cache denies as if the lost bucket were still there,
+    /// until the cached deadline at the latest. A cached answer's `remaining` is that of the
+    /// denial it repeats: a lower bound of the store's by then.
     pub fn deny_cache(mut self, max_entries: usize) -> Self {
         self.deny_cache = Some(max_entries);
         self
