@@ -169,7 +169,10 @@ impl PolicyFollower {
     /// (switching at once every limiter it is newer for, each compared with its own policy),
     /// then does the same on every notification and poll. [`PolicyFollower::current`] starts
     /// as the publication or, if none is newer, the first limiter's policy. An unreachable registry at
-    /// start is an error; later failures keep the current policy and are logged.
+    /// start is an error; later failures keep the current policy and are logged, and so does
+    /// an entry this version cannot parse, at start too (with at least one limiter): in a
+    /// rolling upgrade, a newer version's publication must not keep older instances from
+    /// starting.
     pub async fn start(
         registry: RedisRegistry,
         name: impl Into<String>,
@@ -178,7 +181,16 @@ impl PolicyFollower {
     ) -> Result<Self, RegistryError> {
         let name = name.into();
         let sub = registry.subscribe().await?;
-        let published = registry.get(&name).await?;
+        let published = match registry.get(&name).await {
+            // An entry this version cannot read (a newer version's algorithm, say, in a
+            // rolling upgrade) must not keep an instance from starting: its limiters keep
+            // their policies, as when a later poll meets it.
+            Err(error @ RegistryError::Corrupt { .. }) if !limiters.is_empty() => {
+                tracing::warn!(name = %name, %error, "policy registry entry unreadable; keeping the current policy");
+                None
+            }
+            other => other?,
+        };
         let initial = limiters
             .first()
             .map(Limiter::policy)

@@ -372,3 +372,42 @@ async fn a_reset_reaches_a_follower_whose_subscription_stalled() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// An entry this version cannot parse (here hand-written; in a rolling upgrade, a newer
+/// version's algorithm) kept a follower from starting, so an older instance restarting during
+/// the upgrade failed. It now starts on its limiters' policies, and follows the next readable
+/// publication.
+#[tokio::test]
+async fn a_follower_starts_over_an_entry_it_cannot_read() {
+    let server = RedisServer::start();
+    let reg = registry(&server).await;
+    let mut conn = server.client().get_connection().unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(reg.key())
+        .arg("api")
+        .arg("3 leaky-bucket:capacity=5,leak=1")
+        .query(&mut conn)
+        .unwrap();
+    let g0 = spec("fixed-window:limit=10,window=1h");
+    let limiter = instance(&server, g0).await;
+    let mut follower = PolicyFollower::start(
+        registry(&server).await,
+        "api",
+        std::slice::from_ref(&limiter),
+        Duration::from_millis(100),
+    )
+    .await
+    .expect("started on the limiter's policy");
+    assert_eq!(follower.current(), g0);
+    assert_eq!(limiter.policy(), g0);
+    let g4 = spec("fixed-window:limit=5,window=1h,generation=4,transition=carry");
+    reg.publish("api", &g4).await.unwrap();
+    tokio::time::timeout(follower.bound() * 5, async {
+        while follower.current() != g4 {
+            follower.changed().await;
+        }
+    })
+    .await
+    .expect("follows the next readable publication");
+    assert_eq!(limiter.policy(), g4);
+}
