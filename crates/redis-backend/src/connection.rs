@@ -67,20 +67,63 @@ impl Conn {
         count: usize,
         cut: Option<tokio::time::Instant>,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
+        if let Self::Cluster(c) = self {
+            return Ok(Box::pin(cluster_pipeline(c, pipe, cut)).await);
+        }
+        let replies = self.packed(pipe, 0, count).await?;
+        Ok(replies.into_iter().map(Value::extract_error).collect())
+    }
+
+    /// The `count` commands of `pipe` as one transaction (`MULTI` … `EXEC`; `pipe` is built
+    /// with [`Pipeline::atomic`]): all run, in order, with no other client's command between
+    /// them. A cluster sends each key's commands as one transaction instead
+    /// ([`cluster_pipeline`]: every key of a batch may be on another node).
+    pub(crate) async fn transaction(
+        &self,
+        pipe: &Pipeline,
+        count: usize,
+        cut: Option<tokio::time::Instant>,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        if let Self::Cluster(c) = self {
+            return Ok(Box::pin(cluster_pipeline(c, pipe, cut)).await);
+        }
+        // MULTI's `OK` and one `QUEUED` per command are skipped: EXEC's array is the reply.
+        let mut replies = self.packed(pipe, count + 1, 1).await?;
+        match replies.pop() {
+            Some(Value::Array(values)) if values.len() == count && replies.is_empty() => {
+                Ok(values.into_iter().map(Value::extract_error).collect())
+            }
+            Some(Value::ServerError(e)) => Err(e.into()),
+            other => Err(RedisError::from((
+                ErrorKind::Parse,
+                "unexpected reply to a transaction",
+                format!("{other:?}"),
+            ))),
+        }
+    }
+
+    /// `count` replies of `pipe` after the first `offset`, on a single-node connection.
+    async fn packed(
+        &self,
+        pipe: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
         // Boxed as in `command`.
-        let replies = match self {
+        match self {
             Self::Multiplexed(m) => {
-                m.send(async |conn| conn.req_packed_commands(pipe, 0, count).await)
+                m.send(async |conn| conn.req_packed_commands(pipe, offset, count).await)
                     .await
             }
             Self::Pool(pool) => {
-                Box::pin(pool.send(async |conn| conn.req_packed_commands(pipe, 0, count).await))
-                    .await
+                Box::pin(
+                    pool.send(async |conn| conn.req_packed_commands(pipe, offset, count).await),
+                )
+                .await
             }
-            Self::Sentinel(s) => Box::pin(s.pipeline(pipe, count)).await,
-            Self::Cluster(c) => return Ok(Box::pin(cluster_pipeline(c, pipe, cut)).await),
-        }?;
-        Ok(replies.into_iter().map(Value::extract_error).collect())
+            Self::Sentinel(s) => Box::pin(s.pipeline(pipe, offset, count)).await,
+            Self::Cluster(_) => unreachable!("a cluster's pipelines go by key"),
+        }
     }
 
     pub(crate) fn kind(&self) -> &'static str {
@@ -666,14 +709,24 @@ impl SentinelConn {
         .await
     }
 
-    async fn pipeline(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+    async fn pipeline(
+        &self,
+        pipe: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
         self.send(
-            async |conn| conn.req_packed_commands(pipe, 0, count).await,
+            async |conn| conn.req_packed_commands(pipe, offset, count).await,
             |result| match result {
                 Err(e) => not_the_primary(e),
-                Ok(values) => values.iter().any(
-                    |v| matches!(v, Value::ServerError(e) if server_error_not_the_primary(e.code())),
-                ),
+                // a transaction's errors are inside EXEC's array
+                Ok(values) => values.iter().any(|v| match v {
+                    Value::ServerError(e) => server_error_not_the_primary(e.code()),
+                    Value::Array(inner) => inner.iter().any(
+                        |v| matches!(v, Value::ServerError(e) if server_error_not_the_primary(e.code())),
+                    ),
+                    _ => false,
+                }),
             },
         )
         .await

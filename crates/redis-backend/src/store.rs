@@ -211,12 +211,23 @@ impl RedisStore {
         for inv in &invs {
             pipe.add_command(inv.cmd(Call::EvalSha));
         }
-        let mut replies = self
-            .inner
-            .conn
-            .pipeline(&pipe, invs.len(), Some(cut))
-            .await
-            .map_err(|e| classify(&e))?;
+        // A key's requests apply in the batch's order. In a plain pipeline, a script cache lost
+        // and reloaded (another instance's retry) while the server works through it would
+        // refuse a stretch with NOSCRIPT and run a later stretch: resent, the refused requests
+        // would run after later ones on the same key. In a transaction the script is there for
+        // every command or for none, so a batch that repeats a key goes as one.
+        let mut seen = std::collections::HashSet::with_capacity(requests.len());
+        let repeats = !requests.iter().all(|r| seen.insert(r.key));
+        let sent = if repeats {
+            pipe.atomic();
+            self.inner
+                .conn
+                .transaction(&pipe, invs.len(), Some(cut))
+                .await
+        } else {
+            self.inner.conn.pipeline(&pipe, invs.len(), Some(cut)).await
+        };
+        let mut replies = sent.map_err(|e| classify(&e))?;
         if replies.len() != invs.len() {
             return Err(StoreError::Script(format!(
                 "pipeline of {} scripts returned {} replies",
@@ -224,7 +235,8 @@ impl RedisStore {
                 replies.len()
             )));
         }
-        // Only the commands refused with NOSCRIPT did not run; resend exactly those, with source.
+        // Only the commands refused with NOSCRIPT did not run (in a transaction, all or none);
+        // resend exactly those, with source, in order (EVAL is never refused with NOSCRIPT).
         let missing: Vec<usize> = (0..replies.len())
             .filter(|&i| matches!(&replies[i], Err(e) if is_noscript(e)))
             .collect();
@@ -314,9 +326,11 @@ impl Store for RedisStore {
         self.invoke(key, policy, cost, true).await
     }
 
-    /// All requests go in one pipeline (one round trip; not a transaction: each request is
-    /// atomic on its own, in order). Nothing is sent if any request is invalid. If the server
-    /// lost the scripts, the requests it refused with NOSCRIPT — and only those — are resent.
+    /// All requests go in one pipeline (one round trip; each request is atomic on its own, in
+    /// order; a batch that repeats a key goes as one transaction, so that a key's requests keep
+    /// their order even if the server's script cache is lost and reloaded meanwhile). Nothing
+    /// is sent if any request is invalid. If the server lost the scripts, the requests it
+    /// refused with NOSCRIPT — and only those — are resent.
     /// Each request has its own result: one refused or failed request does not discard the
     /// decisions made for the others.
     async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
