@@ -17,6 +17,12 @@ use tollgate::{Algorithm, Decision, Enforcement, Error, FailureMode, Key, Limite
 use crate::StoreArgs;
 use crate::compare::Bare;
 
+/// Most keys one `--batch` call decides.
+const MAX_BATCH: usize = 100_000;
+
+/// Longest `--duration` (a day): a run is a measurement, and its deadline must fit an `Instant`.
+const MAX_RUN: Duration = Duration::from_secs(86_400);
+
 /// Upper bound on requests when only `--duration` is given.
 const DEFAULT_MAX_REQUESTS: u64 = 100_000_000;
 /// Upper bound on time when only `--requests` is given.
@@ -81,9 +87,10 @@ pub(crate) struct LoadArgs {
     /// denied until a known instant).
     #[arg(long, value_name = "KEYS")]
     deny_cache: Option<usize>,
-    /// Decide this many keys per call (`Limiter::check_many`: one round trip on Redis).
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
+    /// Decide this many keys per call (`Limiter::check_many`: one round trip on Redis), up
+    /// to 100,000.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH as u64))]
+    batch: u64,
     /// Measure a bare `PING` round trip instead of decisions, with the same connections,
     /// tasks and bounds: the baseline for decision latency.
     #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache"])]
@@ -372,7 +379,7 @@ pub(crate) struct Summary {
     admitted_cost: u64,
     decisions_per_sec: f64,
     /// Keys decided per call (`--batch`); latency is per call.
-    batch: usize,
+    batch: u64,
     latency_us: Latency,
     /// Most cost one shared quota could admit over the run, summed over keys. With the local
     /// store every instance has its own quota, so the fleet may admit `instances` times this.
@@ -393,6 +400,12 @@ struct Latency {
     mean: f64,
 }
 
+/// `n`, or `u64::MAX` if it does not fit (limits and costs go up to 2^52, so products of
+/// them overflow 64 bits).
+fn saturate(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
 /// Most cost one bucket can admit over `elapsed` under `policy`.
 fn bucket_bound(policy: &Policy, elapsed: Duration) -> u64 {
     let us = elapsed.as_micros();
@@ -401,8 +414,12 @@ fn bucket_bound(policy: &Policy, elapsed: Duration) -> u64 {
             let refill = u128::from(tb.rate) * us / u128::from(tb.unit);
             tb.capacity.saturating_add(refill as u64)
         }
-        Algorithm::FixedWindow(fw) => fw.limit * (us / u128::from(fw.window_micros) + 2) as u64,
-        Algorithm::SlidingLog(sl) => sl.limit * (us / u128::from(sl.window_micros) + 1) as u64,
+        Algorithm::FixedWindow(fw) => {
+            saturate(u128::from(fw.limit) * (us / u128::from(fw.window_micros) + 2))
+        }
+        Algorithm::SlidingLog(sl) => {
+            saturate(u128::from(sl.limit) * (us / u128::from(sl.window_micros) + 1))
+        }
         _ => u64::MAX,
     }
 }
@@ -418,15 +435,18 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     args.policy.check_cost(args.cost)?;
     let max_requests = args.requests.unwrap_or(DEFAULT_MAX_REQUESTS);
     let max_duration = args.duration.unwrap_or(DEFAULT_MAX_DURATION);
+    if max_duration > MAX_RUN {
+        bail!(
+            "--duration must be at most {}",
+            humantime::format_duration(MAX_RUN)
+        );
+    }
 
     let keys: Arc<Vec<Key>> = Arc::new(
         (0..args.keys)
             .map(|i| Key::new("load", [format!("k{i}")]))
             .collect::<Result<_, _>>()?,
     );
-    if args.batch == 0 {
-        bail!("--batch must be at least 1");
-    }
     let mut probes = Vec::with_capacity(args.instances);
     for _ in 0..args.instances {
         probes.push(
@@ -474,7 +494,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     let progress = progress_bar(max_requests, args.json);
     let started = Instant::now();
     let deadline = started + max_duration;
-    let batch = args.batch as u64;
+    let batch = args.batch;
     let mut handles = Vec::new();
     for probe in &probes {
         for _ in 0..args.tasks {
@@ -614,7 +634,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         },
         by_enforcement: counters.total.slot(0.0),
         timeline,
-        admitted_cost: allowed * args.cost,
+        admitted_cost: saturate(u128::from(allowed) * u128::from(args.cost)),
         decisions_per_sec: requests as f64 / elapsed.as_secs_f64(),
         batch: args.batch,
         latency_us: Latency {
@@ -722,5 +742,24 @@ fn print_human(s: &Summary) {
             "ceiling     bare EVALSHA, same script -c {} -P {}: {:.0} req/s; tollgate/ceiling = {:.2}",
             c.clients, c.pipeline, c.requests_per_sec, c.tollgate_ratio
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Limits and costs go up to 2^52, so the summary's products exceed 64 bits: the quota
+    /// bound of a 1 ms window over 5 s wrapped in release builds and panicked in debug ones
+    /// (`attempt to multiply with overflow`). It saturates.
+    #[test]
+    fn the_quota_bound_saturates() {
+        let big = 1_u64 << 52;
+        let fw = Policy::fixed_window(big, Duration::from_millis(1)).unwrap();
+        assert_eq!(bucket_bound(&fw, Duration::from_secs(5)), u64::MAX);
+        assert_eq!(bucket_bound(&fw, Duration::from_millis(2)), 4 * big);
+        let sl = Policy::sliding_log(1000, Duration::from_millis(1)).unwrap();
+        assert_eq!(bucket_bound(&sl, Duration::from_millis(3)), 4000);
+        assert_eq!(saturate(u128::from(big) * 5000), u64::MAX);
     }
 }

@@ -197,3 +197,45 @@ fn eval_file_runs_the_script_on_the_decision_keys() {
         "{err}"
     );
 }
+
+/// `tollgate load ARGS` on the local store, as a user runs it.
+fn load(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("load")
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the tollgate binary runs")
+}
+
+/// Out-of-range bounds are clear errors: a `--duration` past what an `Instant` holds panicked
+/// (`overflow when adding duration to instant`, exit 101), and a huge `--batch` panicked a
+/// worker (`capacity overflow`) or aborted on allocation (exit 134).
+#[test]
+fn out_of_range_duration_and_batch_are_clear_errors() {
+    for (args, names) in [
+        (["--duration", "10000000000000000000s"], "--duration"),
+        (["--batch", "18446744073709551615"], "--batch"),
+        (["--batch", "100001"], "--batch"),
+        (["--batch", "0"], "--batch"),
+    ] {
+        let out = load(&[
+            "--policy",
+            "token-bucket:capacity=10,rate=2",
+            "--requests",
+            "10",
+            args[0],
+            args[1],
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(if args[0] == "--batch" { 2 } else { 1 }),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(names) && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
