@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
@@ -32,6 +33,10 @@ pub(crate) struct ServeArgs {
     /// Print the built-in policy file and exit.
     #[arg(long)]
     print_config: bool,
+    /// After SIGTERM or Ctrl-C, how long requests in progress may take to finish before the
+    /// server exits anyway (a client that keeps a request open cannot hold it up).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -52,8 +57,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
                 .context("invalid policy file")?
         }
     };
+    // The store's own deadline must not cut a route's longer one: each limiter keeps its
+    // route's (or --timeout), the store gets the longest of them.
+    let mut store_args = args.store.clone();
+    store_args.timeout = file
+        .routes
+        .iter()
+        .filter_map(|route| route.timeout)
+        .fold(args.store.timeout, Duration::max);
     // A server starts during a Redis outage too: its routes apply their failure modes.
-    let store = args.store.connect_or_defer().await?;
+    let store = store_args.connect_or_defer().await?;
 
     let mut app = Router::new();
     for route in &file.routes {
@@ -90,12 +103,28 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     for route in &file.routes {
         println!("  {}", describe(route));
     }
-    axum::serve(
+    let (signalled, on_signal) = tokio::sync::oneshot::channel();
+    let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown_signal())
-    .await?;
+    .with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        let _ = signalled.send(());
+    });
+    let grace = args.shutdown_grace;
+    tokio::select! {
+        served = std::future::IntoFuture::into_future(server) => served?,
+        () = async move {
+            if on_signal.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(?grace, "requests still open after the shutdown grace; exiting");
+        }
+    }
     Ok(())
 }
 

@@ -465,3 +465,66 @@ fn print_config_shows_the_builtin_policy_file() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text, tollgate_http::BUILTIN_POLICY_FILE);
 }
+
+/// After SIGTERM, a client holding a request open (a header line a second) kept `serve` up
+/// for good (still running 90 s later); requests in progress now get `--shutdown-grace`.
+#[test]
+fn serve_exits_within_its_grace_after_sigterm_whatever_a_client_holds_open() {
+    use std::io::Write as _;
+    let mut serve = Serve::start(&["--shutdown-grace", "500ms"]);
+    let addr = serve.base.trim_start_matches("http://").to_owned();
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = Command::new("kill")
+        .args(["-TERM", &serve.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let start = std::time::Instant::now();
+    let status = loop {
+        let _ = slow.write_all(b"X-Slow: 1\r\n");
+        if let Some(status) = serve.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "serve still running 10 s after SIGTERM with one slow client"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        start.elapsed() >= Duration::from_millis(400),
+        "the grace was given"
+    );
+}
+
+/// A route's `timeout` is its store-call deadline even above `--timeout`: the Redis store's
+/// own deadline (`--timeout`, 250 ms) cut a route with `timeout = "3s"` at 250 ms (503 under
+/// `closed` for a 400 ms round trip). The store now gets the longest route's.
+#[tokio::test]
+async fn a_route_timeout_above_the_cli_timeout_is_honoured() {
+    let redis = RedisServer::start();
+    let proxy = tollgate_testkit::proxy::FaultProxy::start(redis.port());
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[[route]]\nname = \"slow\"\npath = \"/slow\"\nkey = \"route\"\n\
+         policy = \"token-bucket:capacity=100,rate=1\"\nfailure_mode = \"closed\"\n\
+         timeout = \"3s\"\n",
+    );
+    let serve = Serve::start(&["--config", &config, "--redis", &proxy.url()]);
+    let http = client();
+    assert_eq!(
+        http.get(serve.url("/slow")).send().await.unwrap().status(),
+        200
+    );
+    proxy.set_latency(Duration::from_millis(200)); // each way: a 400 ms round trip
+    let resp = http.get(serve.url("/slow")).send().await.unwrap();
+    assert_eq!(
+        resp.status(),
+        200,
+        "the route's 3 s deadline, not --timeout's 250 ms"
+    );
+}
