@@ -43,33 +43,28 @@ struct Endpoint {
     port: u16,
     user: Option<String>,
     password: Option<String>,
+    db: i64,
 }
 
+/// Where and as whom the ceiling driver connects: the URL as redis-rs reads it for the load
+/// itself (credentials percent-decoded, the database of its path, IPv6 hosts, parameters), so
+/// both runs reach the same server and database as the same user.
 fn endpoint(url: &str) -> Result<Endpoint> {
-    let rest = url.strip_prefix("redis://").context(
-        "--compare-redis-benchmark needs a redis:// URL (its ceiling driver has no TLS)",
-    )?;
-    let rest = rest.split('/').next().unwrap_or(rest);
-    let (auth, hostport) = match rest.rsplit_once('@') {
-        Some((a, h)) => (Some(a), h),
-        None => (None, rest),
+    use redis::IntoConnectionInfo as _;
+    let info = url.into_connection_info().context("the Redis URL")?;
+    let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+        bail!("--compare-redis-benchmark needs a redis:// URL (its ceiling driver has no TLS)");
     };
-    let (user, password) = match auth.map(|a| a.split_once(':').unwrap_or(("", a))) {
-        Some((u, p)) => (
-            (!u.is_empty()).then(|| u.to_owned()),
-            (!p.is_empty()).then(|| p.to_owned()),
-        ),
-        None => (None, None),
-    };
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) => (h.to_owned(), p.parse().context("port")?),
-        None => (hostport.to_owned(), 6379),
-    };
+    let settings = info.redis_settings();
     Ok(Endpoint {
-        host,
-        port,
-        user,
-        password,
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+        port: *port,
+        user: settings.username().map(str::to_owned),
+        password: settings.password().map(str::to_owned),
+        db: settings.db(),
     })
 }
 
@@ -348,6 +343,20 @@ async fn client(
         conn.read_until(b'\n', &mut line).await?;
         if !line.starts_with(b"+OK") {
             bail!("AUTH failed: {}", String::from_utf8_lossy(&line).trim_end());
+        }
+    }
+    if ep.db != 0 {
+        let db = ep.db.to_string();
+        let mut buf = Vec::new();
+        command(&mut buf, &[b"SELECT".as_slice(), db.as_bytes()]);
+        conn.get_mut().write_all(&buf).await?;
+        line.clear();
+        conn.read_until(b'\n', &mut line).await?;
+        if !line.starts_with(b"+OK") {
+            bail!(
+                "SELECT {db} failed: {}",
+                String::from_utf8_lossy(&line).trim_end()
+            );
         }
     }
     let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

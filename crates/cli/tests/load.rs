@@ -239,3 +239,39 @@ fn out_of_range_duration_and_batch_are_clear_errors() {
         );
     }
 }
+
+/// `--compare-redis-benchmark` reaches the server as the load did: a percent-encoded password
+/// (`p%40ss` for `p@ss`) was sent to AUTH undecoded (WRONGPASS), and the URL's database was
+/// dropped, so the ceiling wrote its keys into database 0.
+#[test]
+fn the_comparison_uses_the_urls_decoded_password_and_database() {
+    let redis = RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("p@ss")
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://:p%40ss@127.0.0.1:{}/3", redis.port());
+    let out = load(&[
+        "--redis",
+        &url,
+        "--policy",
+        "token-bucket:capacity=10,rate=2",
+        "--requests",
+        "100",
+        "--keys",
+        "10",
+        "--compare-redis-benchmark",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "the load ran on this URL, the comparison must too: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let () = redis::cmd("AUTH").arg("p@ss").query(&mut conn).unwrap();
+    let db0: u64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+    assert_eq!(db0, 0, "--redis …/3, yet keys were written into database 0");
+}
