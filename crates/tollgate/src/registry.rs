@@ -134,7 +134,7 @@ impl Follow {
                         }
                         Some(_) => continue,
                         None => {
-                            tracing::warn!(name = %self.name, "policy registry subscription lost; resubscribing");
+                            tracing::warn!(name = %self.name, "policy registry subscription lost; resubscribing at the next poll");
                             sub = None;
                             false
                         }
@@ -148,11 +148,10 @@ impl Follow {
                     && !s.alive().await
                 {
                     tracing::warn!(name = %self.name, "policy registry subscription stalled; resubscribing");
-                    sub = None;
-                }
-                if sub.is_none() {
-                    // At once: notices sent until it is back are lost (the poll still
-                    // catches publications, not resets).
+                    // At once (a poll interval has passed): notices sent until it is back are
+                    // lost (the poll still catches publications, not resets). A subscription
+                    // that ended waits for the next tick instead, so that a server closing
+                    // every new one cannot make this loop spin.
                     sub = self.registry.subscribe().await.ok();
                 }
             } else {
