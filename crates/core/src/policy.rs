@@ -66,6 +66,17 @@ pub enum PolicyError {
         /// The value given.
         got: u64,
     },
+    /// A fractional rate that is not a whole number of thousandths of a token per second
+    /// (rounding it would admit more, or less, than asked).
+    #[error(
+        "{field} must be a whole number of thousandths per second (at least 0.001), got {got}; give a count per period (Rate::new, period=) for another rate"
+    )]
+    NotWholeThousandths {
+        /// The parameter's name.
+        field: &'static str,
+        /// The value given.
+        got: f64,
+    },
     /// A floating-point parameter was NaN, infinite, zero or negative.
     #[error("{field} must be a finite number greater than 0, got {got}")]
     NotPositiveFinite {
@@ -113,13 +124,16 @@ impl Rate {
         Self::new(tokens, Duration::from_secs(60))
     }
 
-    /// A fractional rate in tokens per second, kept to a thousandth of a token per second.
+    /// A fractional rate in tokens per second: a whole number of thousandths of a token per
+    /// second (`0.5`, `2.25`, `0.001`); any other is refused rather than rounded.
     ///
     /// ```
     /// use std::time::Duration;
     /// use tollgate_core::Rate;
     /// assert_eq!(Rate::per_second_f64(0.5).unwrap(), Rate::new(500, Duration::from_secs(1000)));
     /// assert!(Rate::per_second_f64(f64::NAN).is_err());
+    /// // not rounded to 0.002, which would admit a third more than asked
+    /// assert!(Rate::per_second_f64(0.0015).is_err());
     /// ```
     pub fn per_second_f64(rate: f64) -> Result<Self, PolicyError> {
         if !rate.is_finite() || rate <= 0.0 {
@@ -128,9 +142,13 @@ impl Rate {
                 got: rate,
             });
         }
-        let milli = (rate * 1000.0).round();
-        if milli < 1.0 {
-            return Err(PolicyError::NotPositiveFinite {
+        // A whole number of thousandths, up to the representation error of the decimal the
+        // caller wrote (0.003 * 1000 is 2.9999999999999996); anything else would be rounded
+        // to a rate faster or slower than asked (0.0015 to 0.002).
+        let scaled = rate * 1000.0;
+        let milli = scaled.round();
+        if milli < 1.0 || (scaled - milli).abs() > 1e-9 * milli {
+            return Err(PolicyError::NotWholeThousandths {
                 field: "rate",
                 got: rate,
             });
@@ -424,7 +442,8 @@ impl Policy {
     }
 
     /// The same policy with another generation. A generation above [`MAX_EXACT`] is refused
-    /// when the policy is used (see [`Policy::check_cost`]).
+    /// when the policy is used (see [`Policy::check_cost`]), and its [`Policy::to_spec`] does
+    /// not parse back (the spec parser refuses it too).
     #[must_use]
     pub fn with_generation(mut self, generation: u64) -> Self {
         self.generation = generation;
@@ -650,6 +669,28 @@ impl Fnv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fractional rate is a whole number of thousandths per second, or refused: it was
+    /// rounded to the nearest thousandth, so `rate=0.0005` ran at 0.001/s (twice as asked)
+    /// and `0.0004` was refused as "not greater than 0".
+    #[test]
+    fn fractional_rates_are_whole_thousandths_or_refused() {
+        for ok in [0.001, 0.003, 0.5, 2.25, 0.3, 1.001] {
+            let rate = Rate::per_second_f64(ok).unwrap();
+            assert!((rate.as_per_second() - ok).abs() < 1e-12, "{ok}");
+        }
+        for bad in [0.0005, 0.0015, 0.0025, 1.0006, 0.0004] {
+            assert!(
+                matches!(
+                    Rate::per_second_f64(bad),
+                    Err(PolicyError::NotWholeThousandths { field: "rate", .. })
+                ),
+                "{bad}"
+            );
+        }
+        let refused = "token-bucket:capacity=1,rate=0.0015".parse::<Policy>();
+        assert!(refused.is_err(), "{refused:?}");
+    }
 
     #[test]
     fn rejects_zero_nan_and_overflowing_parameters() {

@@ -4,7 +4,7 @@
 //! Exact, not approximate: every algorithm here only ever *consumes* from a bucket between a
 //! denial and its `retry_after`, so nothing another instance does can make a request of the
 //! same cost admissible earlier. Only a reset or a policy change can, and both
-//! invalidate the entry (the entry remembers the policy's fingerprint and generation, and
+//! invalidate the entry (the entry remembers the policy's parameters and generation, and
 //! [`crate::Limiter::reset`] removes it). The deadline is measured from when the request was
 //! *sent*, which is no later than when the store decided, so the cache never denies longer than
 //! the store would have — measured on this process's monotonic clock, while the store decides
@@ -37,14 +37,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use tollgate_core::{Decision, Key, Policy};
+use tollgate_core::{Algorithm, Decision, Key, Policy};
 
 use crate::log_throttle::Gate;
 
 struct Entry {
     until: Instant,
     cost: u64,
-    policy: (u64, u64),
+    policy: (Algorithm, u64),
     limit: u64,
     remaining: u64,
     reset_until: Instant,
@@ -183,8 +183,10 @@ impl DenyCache {
 /// Denials shorter than this are not worth an entry.
 const MIN_WORTH_CACHING: Duration = Duration::from_millis(1);
 
-fn identity(policy: &Policy) -> (u64, u64) {
-    (policy.fingerprint(), policy.generation())
+/// A policy as the cache tells policies apart: its parameters and generation, compared
+/// whole (a 64-bit fingerprint can collide: two policies were found sharing one).
+fn identity(policy: &Policy) -> (Algorithm, u64) {
+    (*policy.algorithm(), policy.generation())
 }
 
 #[cfg(test)]
@@ -194,6 +196,28 @@ mod tests {
 
     fn denial(retry_ms: u64) -> Decision {
         Decision::shared(false, 10, 0, Some(retry_ms * 1000), 10_000_000)
+    }
+
+    /// Two different policies share a 64-bit fingerprint (found by a search of ~2^32): a
+    /// denial cached under one was answered to a caller under the other. Policies are told
+    /// apart by their parameters.
+    #[test]
+    fn policies_sharing_a_fingerprint_are_told_apart() {
+        let a =
+            Policy::fixed_window(3_928_004_845_408_457, Duration::from_micros(2_145_000)).unwrap();
+        let b =
+            Policy::fixed_window(1_640_616_228_938_848, Duration::from_micros(3_174_000)).unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint(), "the colliding pair");
+        let cache = DenyCache::new(100);
+        let key = Key::new("op", ["k"]).unwrap();
+        let t0 = Instant::now();
+        cache.insert(&key, &a, 3, &denial(500), (t0, 0));
+        assert!(
+            cache.lookup(&key, &b, 3, t0).is_none(),
+            "denied under another policy"
+        );
+        cache.insert(&key, &a, 3, &denial(500), (t0, 0));
+        assert!(cache.lookup(&key, &a, 3, t0).is_some());
     }
 
     /// A custom store's "never" (`Duration::MAX`) overflowed `Instant + retry` and panicked

@@ -429,4 +429,41 @@ mod edge_times {
             }
         }
     }
+
+    /// The same for a policy change on a sliding log (its conversions summed `t + window`):
+    /// a panic in debug builds; in release the live entries wrapped out and `Carry` admitted
+    /// past a full log.
+    #[test]
+    fn sliding_log_policy_changes_near_the_end_of_u64_keep_the_log() {
+        let now = u64::MAX - 1_000_000;
+        let old = Policy::sliding_log(3, Duration::from_secs(60)).unwrap();
+        let carry = old.with_generation(1).with_transition(Transition::Carry);
+        let wider = Policy::sliding_log(5, Duration::from_secs(60))
+            .unwrap()
+            .with_generation(1)
+            .with_transition(Transition::Carry);
+        let window = Policy::fixed_window(5, Duration::from_secs(60))
+            .unwrap()
+            .with_generation(1)
+            .with_transition(Transition::Proportional);
+        for (next, cost, allowed, remaining) in [
+            (&carry, 1, false, 0),
+            (&wider, 2, true, 0),
+            (&window, 1, false, 0),
+        ] {
+            let mut record = None;
+            assert!(
+                apply(&mut record, &old, now, 3, true)
+                    .unwrap()
+                    .decision
+                    .allowed
+            );
+            let d = apply(&mut record, next, now, cost, true).unwrap().decision;
+            assert_eq!(
+                (d.allowed, d.remaining),
+                (allowed, remaining),
+                "{next}: {d:?}"
+            );
+        }
+    }
 }

@@ -98,7 +98,8 @@ pub(crate) fn convert(
                 .entries
                 .iter()
                 .copied()
-                .filter(|&(t, _)| t + o.window_micros > eff);
+                // eff is at least every entry's time: no sum near the end of u64 to overflow
+                .filter(|&(t, _)| eff - t < o.window_micros);
             let entries = match rule {
                 Transition::Carry => live.collect(),
                 Transition::Proportional => rescale(live.collect(), o.limit, n.limit),
@@ -173,7 +174,7 @@ fn usage(from: &Algorithm, state: &State, now: u64) -> Option<Usage> {
             let live: u64 = s
                 .entries
                 .iter()
-                .filter(|&&(t, _)| t + o.window_micros > eff)
+                .filter(|&&(t, _)| eff - t < o.window_micros)
                 .map(|&(_, c)| c)
                 .sum();
             Usage {
