@@ -397,6 +397,7 @@ fn policy_spec_parser_refuses_out_of_range_values_with_typed_errors() {
     let zero = policy_err(|e| matches!(e, E::Zero { .. }));
     let too_large = policy_err(|e| matches!(e, E::TooLarge { .. }));
     let not_finite = policy_err(|e| matches!(e, E::NotPositiveFinite { .. }));
+    let not_thousandths = policy_err(|e| matches!(e, E::NotWholeThousandths { .. }));
     let short = policy_err(|e| matches!(e, E::DurationTooShort { .. }));
     let long = policy_err(|e| matches!(e, E::DurationTooLong { .. }));
     let bad_value = |e: &SpecError| matches!(e, SpecError::BadValue { .. });
@@ -423,7 +424,9 @@ fn policy_spec_parser_refuses_out_of_range_values_with_typed_errors() {
         ("token-bucket:capacity=10,rate=-1", &not_finite),
         ("token-bucket:capacity=10,rate=0", &zero),
         ("token-bucket:capacity=10,rate=0.0", &not_finite),
-        ("token-bucket:capacity=10,rate=1e-9", &not_finite),
+        // below a thousandth, or between two: refused, never rounded (PolicyError's own type)
+        ("token-bucket:capacity=10,rate=1e-9", &not_thousandths),
+        ("token-bucket:capacity=10,rate=0.0015", &not_thousandths),
         ("token-bucket:capacity=10,rate=1e400", &not_finite),
         ("token-bucket:capacity=10,rate=1e300", &too_large),
         ("token-bucket:capacity=10,rate=0.5,period=1s", &bad_value),
