@@ -67,11 +67,7 @@ impl Conn {
         count: usize,
         cut: Option<tokio::time::Instant>,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
-        if let Self::Cluster(c) = self {
-            return Ok(Box::pin(cluster_pipeline(c, pipe, cut)).await);
-        }
-        let replies = self.packed(pipe, 0, count).await?;
-        Ok(replies.into_iter().map(Value::extract_error).collect())
+        self.batch(pipe, count, cut, false).await
     }
 
     /// The `count` commands of `pipe` as one transaction (`MULTI` … `EXEC`; `pipe` is built
@@ -84,8 +80,22 @@ impl Conn {
         count: usize,
         cut: Option<tokio::time::Instant>,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
+        self.batch(pipe, count, cut, true).await
+    }
+
+    async fn batch(
+        &self,
+        pipe: &Pipeline,
+        count: usize,
+        cut: Option<tokio::time::Instant>,
+        transaction: bool,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
         if let Self::Cluster(c) = self {
             return Ok(Box::pin(cluster_pipeline(c, pipe, cut)).await);
+        }
+        if !transaction {
+            let replies = self.packed(pipe, 0, count).await?;
+            return Ok(replies.into_iter().map(Value::extract_error).collect());
         }
         // MULTI's `OK` and one `QUEUED` per command are skipped: EXEC's array is the reply.
         let mut replies = self.packed(pipe, count + 1, 1).await?;
