@@ -426,7 +426,6 @@ impl Limiter {
         match result {
             Ok(decision) => {
                 ticket.settle(true);
-                self.end_local(key);
                 if !decision.allowed
                     && let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch)
                 {
@@ -598,7 +597,6 @@ impl Limiter {
             .map(|(key, result)| {
                 let outcome = match result {
                     Ok(d) => {
-                        self.end_local(key);
                         if !d.allowed
                             && let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch)
                         {
@@ -656,7 +654,7 @@ impl Limiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(key);
         }
-        self.end_local(key);
+        self.forget_local(key);
         let policy = self.policy();
         let call = inner.store.reset(key, &policy);
         let result = tokio::time::timeout(inner.timeout, call).await;
@@ -789,12 +787,12 @@ impl Limiter {
         }
     }
 
-    /// Ends `key`'s degraded enforcement: the shared store answered for it (or it is reset),
-    /// so the local bucket an outage left behind is dropped and the next outage starts with a
-    /// full one, as the first did. Without it, a key that spent its local share in one outage
-    /// was denied at the start of the next, by state from before the store's answers. One
-    /// atomic load when the local store is empty (no outage since it was last emptied).
-    fn end_local(&self, key: &Key) {
+    /// Drops `key`'s degraded bucket (a reset). A shared answer does not: local buckets last
+    /// until they expire, across outages, so that a store flapping between up and down cannot
+    /// grant an instance its local share again at every outage (`chaos_soak` bounds degraded
+    /// admissions per instance and key by the share per local window). One atomic load when
+    /// the local store is empty.
+    fn forget_local(&self, key: &Key) {
         if let FailureMode::Degraded { local, .. } = &self.inner.failure_mode {
             local.decider().forget(key);
         }

@@ -438,11 +438,13 @@ async fn until_shared(limiter: &Limiter, who: &str) {
     }
 }
 
-/// Degraded enforcement ends when the store answers: a key's local bucket from one outage is
-/// gone at its next shared decision (or reset), so the next outage starts with a full one.
-/// The second outage's first call was denied for two hours by the first outage's spent share.
+/// A key's local bucket lasts until it expires, across outages: one that spent its local
+/// share in one outage is still limited by it in the next, within the same window, so a store
+/// flapping between up and down cannot grant an instance its share again at every outage
+/// (dropping it at each shared answer let `chaos_soak`'s instances admit 31 per key against a
+/// share of 25). A reset drops it.
 #[tokio::test]
-async fn a_second_outage_starts_with_full_local_buckets() {
+async fn local_buckets_last_across_outages_until_a_reset() {
     let mut server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .timeout(DEADLINE)
@@ -476,12 +478,15 @@ async fn a_second_outage_starts_with_full_local_buckets() {
     let d = limiter.check(["u"], 1).await.unwrap();
     assert!(d.allowed && d.enforcement == Enforcement::Shared, "{d:?}");
 
-    // Outage 2 starts with a full local bucket for "u".
+    // Outage 2, within the hour: the share spent in outage 1 still counts.
     server.kill();
-    assert_eq!(spend_share().await, 2, "the second outage's local share");
+    assert_eq!(
+        spend_share().await,
+        0,
+        "the local share was spent this window"
+    );
 
-    // A reset while the store is down drops the local bucket too.
+    // A reset (here while the store is down) drops the local bucket too.
     limiter.reset(["u"]).await.unwrap_err();
-    let d = limiter.check(["u"], 1).await.unwrap();
-    assert!(d.allowed && d.enforcement == Enforcement::Degraded, "{d:?}");
+    assert_eq!(spend_share().await, 2, "a full local share after the reset");
 }
