@@ -412,7 +412,7 @@ fn bucket_bound(policy: &Policy, elapsed: Duration) -> u64 {
     match policy.algorithm() {
         Algorithm::TokenBucket(tb) => {
             let refill = u128::from(tb.rate) * us / u128::from(tb.unit);
-            tb.capacity.saturating_add(refill as u64)
+            tb.capacity.saturating_add(saturate(refill))
         }
         Algorithm::FixedWindow(fw) => {
             saturate(u128::from(fw.limit) * (us / u128::from(fw.window_micros) + 2))
@@ -761,5 +761,9 @@ mod tests {
         let sl = Policy::sliding_log(1000, Duration::from_millis(1)).unwrap();
         assert_eq!(bucket_bound(&sl, Duration::from_millis(3)), 4000);
         assert_eq!(saturate(u128::from(big) * 5000), u64::MAX);
+        // a refill of 2^52 per µs over a day: past 64 bits, not truncated to its low bits
+        let tb = Policy::token_bucket(1, tollgate::Rate::new(1 << 40, Duration::from_micros(1)))
+            .unwrap();
+        assert_eq!(bucket_bound(&tb, Duration::from_secs(86_400)), u64::MAX);
     }
 }
