@@ -90,7 +90,7 @@ impl DenyCache {
     ) -> Option<Decision> {
         let hit = {
             let e = self.entries.get(key)?;
-            if now < e.until && cost == e.cost && e.policy == identity(policy) {
+            if now < e.until && cost == e.cost && same_policy(&e.policy, policy) {
                 Some(Decision {
                     allowed: false,
                     limit: e.limit,
@@ -104,8 +104,9 @@ impl DenyCache {
             }
         };
         if hit.is_none() {
-            self.entries
-                .remove_if(key, |_, e| now >= e.until || e.policy != identity(policy));
+            self.entries.remove_if(key, |_, e| {
+                now >= e.until || !same_policy(&e.policy, policy)
+            });
         }
         hit
     }
@@ -146,7 +147,7 @@ impl DenyCache {
         let entry = Entry {
             until,
             cost,
-            policy: identity(policy),
+            policy: (*policy.algorithm(), policy.generation()),
             limit: decision.limit,
             remaining: decision.remaining,
             reset_until: sent.checked_add(decision.reset_after).unwrap_or(until),
@@ -183,10 +184,11 @@ impl DenyCache {
 /// Denials shorter than this are not worth an entry.
 const MIN_WORTH_CACHING: Duration = Duration::from_millis(1);
 
-/// A policy as the cache tells policies apart: its parameters and generation, compared
-/// whole (a 64-bit fingerprint can collide: two policies were found sharing one).
-fn identity(policy: &Policy) -> (Algorithm, u64) {
-    (*policy.algorithm(), policy.generation())
+/// Whether `policy` is the one an entry was cached under (`held`: its parameters and
+/// generation), compared whole, in place (a 64-bit fingerprint can collide: two policies were
+/// found sharing one).
+fn same_policy(held: &(Algorithm, u64), policy: &Policy) -> bool {
+    held.1 == policy.generation() && held.0 == *policy.algorithm()
 }
 
 #[cfg(test)]

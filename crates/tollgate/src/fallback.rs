@@ -57,7 +57,7 @@ impl fmt::Debug for LocalFallback {
 pub(crate) trait DecideNow: Send + Sync {
     fn acquire_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
     fn peek_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
-    /// Drops `key`'s bucket, if the store holds any bucket at all.
+    /// Drops `key`'s bucket.
     fn forget(&self, key: &Key);
     fn describe(&self) -> String;
 }
@@ -72,9 +72,7 @@ impl<C: Clock> DecideNow for LocalStore<C> {
     }
 
     fn forget(&self, key: &Key) {
-        if !self.is_empty() {
-            self.reset_now(key);
-        }
+        self.reset_now(key);
     }
 
     fn describe(&self) -> String {

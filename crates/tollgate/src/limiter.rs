@@ -790,8 +790,7 @@ impl Limiter {
     /// Drops `key`'s degraded bucket (a reset). A shared answer does not: local buckets last
     /// until they expire, across outages, so that a store flapping between up and down cannot
     /// grant an instance its local share again at every outage (`chaos_soak` bounds degraded
-    /// admissions per instance and key by the share per local window). One atomic load when
-    /// the local store is empty.
+    /// admissions per instance and key by the share per local window).
     fn forget_local(&self, key: &Key) {
         if let FailureMode::Degraded { local, .. } = &self.inner.failure_mode {
             local.decider().forget(key);
