@@ -111,6 +111,16 @@ pub fn make_server_cert(dir: &Path, name: &str, ca: &str, san: &str) {
     );
 }
 
+/// A CA `ca` and, signed by it, a certificate `cert` for `localhost` and `127.0.0.1`: what a
+/// loopback TLS test trusts (`SSL_CERT_FILE` = `dir/ca.pem`) and serves.
+///
+/// # Panics
+/// If openssl fails or `dir` is not writable.
+pub fn make_loopback_certs(dir: &Path, cert: &str) {
+    make_ca(dir, "ca");
+    make_server_cert(dir, cert, "ca", "DNS:localhost,IP:127.0.0.1");
+}
+
 /// The `redis-server` arguments for a TLS port `port` serving certificate `cert` (made by
 /// [`make_server_cert`] in `dir`), trusting CA `ca` for its own outgoing TLS connections
 /// (replication, Sentinel's) and not asking clients for certificates.
