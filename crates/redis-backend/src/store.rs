@@ -216,8 +216,10 @@ impl RedisStore {
         // refuse a stretch with NOSCRIPT and run a later stretch: resent, the refused requests
         // would run after later ones on the same key. In a transaction the script is there for
         // every command or for none, so a batch that repeats a key goes as one.
-        let mut seen = std::collections::HashSet::with_capacity(requests.len());
-        let repeats = !requests.iter().all(|r| seen.insert(r.key));
+        let repeats = requests.len() > 1 && {
+            let mut seen = std::collections::HashSet::with_capacity(requests.len());
+            !requests.iter().all(|r| seen.insert(r.key))
+        };
         let sent = if repeats {
             pipe.atomic();
             self.inner
