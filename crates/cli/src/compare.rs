@@ -229,17 +229,17 @@ pub(crate) struct CeilingArgs {
     /// An argument of `--script`'s script (repeat for more, in order).
     #[arg(long = "arg", value_name = "ARG", requires = "script")]
     args: Vec<String>,
-    /// Connections (redis-benchmark's `-c`).
-    #[arg(long, default_value_t = 64)]
+    /// Connections (redis-benchmark's `-c`), at least 1.
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     clients: usize,
-    /// Commands sent at a time on each connection (`-P`).
-    #[arg(long, default_value_t = 16)]
+    /// Commands sent at a time on each connection (`-P`), at least 1.
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pipeline: usize,
-    /// Requests in all (`-n`).
-    #[arg(long, default_value_t = 100_000)]
+    /// Requests in all (`-n`), at least 1.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     requests: u64,
-    /// Distinct keys, picked at random (`-r`).
-    #[arg(long, default_value_t = 100_000)]
+    /// Distinct keys, picked at random (`-r`), at least 1.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     keys: usize,
     /// Key prefix (the key is `<prefix>{load:k<12 digits>}`, and `:tb` after it for `--script`).
     #[arg(long, default_value = "tollgate:")]

@@ -123,4 +123,15 @@ fn tollgate_scripts_run_by_policy_and_errors_are_reported() {
         ],
     );
     assert!(!out.status.success());
+    // zero clients, pipeline, requests or keys would measure nothing (or something else than
+    // the report says): refused by the argument parser
+    for flag in ["--clients", "--pipeline", "--requests", "--keys"] {
+        let out = ceiling(
+            &server,
+            &["--policy", "token-bucket:capacity=10,rate=2", flag, "0"],
+        );
+        assert!(!out.status.success(), "{flag} 0 was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
 }

@@ -136,14 +136,28 @@ impl ManualClock {
         Self(Arc::new(AtomicU64::new(start_micros)))
     }
 
-    /// Moves the clock forward by `by`.
+    /// Moves the clock forward by `by` (whole microseconds).
+    ///
+    /// # Panics
+    ///
+    /// If the clock would pass `u64::MAX` µs: a test clock never wraps back to the epoch.
     pub fn advance(&self, by: Duration) {
-        self.advance_micros(by.as_micros() as u64);
+        let micros =
+            u64::try_from(by.as_micros()).expect("ManualClock advanced past u64::MAX microseconds");
+        self.advance_micros(micros);
     }
 
     /// Moves the clock forward by `micros` microseconds.
+    ///
+    /// # Panics
+    ///
+    /// If the clock would pass `u64::MAX` µs: a test clock never wraps back to the epoch.
     pub fn advance_micros(&self, micros: u64) {
-        self.0.fetch_add(micros, Ordering::SeqCst);
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                now.checked_add(micros)
+            })
+            .expect("ManualClock advanced past u64::MAX microseconds");
     }
 
     /// Sets the clock to `micros`, forward or back.
@@ -161,6 +175,23 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manual_clock_never_wraps_past_the_end_of_time() {
+        let clock = ManualClock::new(u64::MAX - 10);
+        clock.advance_micros(10);
+        assert_eq!(clock.now_micros(), u64::MAX);
+        let wrapped = std::panic::catch_unwind(|| clock.advance(Duration::from_micros(1)));
+        assert!(wrapped.is_err(), "advanced past u64::MAX");
+        assert_eq!(clock.now_micros(), u64::MAX, "unchanged after the refusal");
+        let clock = ManualClock::new(0);
+        let huge = std::panic::catch_unwind(|| clock.advance(Duration::MAX));
+        assert!(
+            huge.is_err(),
+            "Duration::MAX truncated to a smaller advance"
+        );
+        assert_eq!(clock.now_micros(), 0);
+    }
 
     #[test]
     fn the_one_multiplication_agrees_with_quantas_own_conversion() {
