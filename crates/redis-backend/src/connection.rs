@@ -776,6 +776,13 @@ fn not_the_primary(e: &RedisError) -> bool {
     ) || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_timeout()
+        // a transaction refused while queueing (EXECABORT) carries its commands' errors
+        || (e.kind() == ErrorKind::Server(ServerErrorKind::ExecAbort)
+            && e.clone().into_server_errors().is_some_and(|errors| {
+                errors
+                    .iter()
+                    .any(|(_, e)| server_error_not_the_primary(e.code()))
+            }))
 }
 
 fn server_error_not_the_primary(code: &str) -> bool {

@@ -25,6 +25,11 @@ const VALIDATION_PREFIX: &str = "tollgate:";
 /// - anything else — a Lua runtime error, `WRONGTYPE`, `NOSCRIPT` that survived a reload, an
 ///   unparsable reply, an ACL failure (`NOPERM`) — → [`StoreError::Script`].
 ///
+/// A transaction the server refused while queueing (`EXECABORT`: redis-rs's
+/// `TransactionAborted`) is classified by the errors its commands were refused with: an
+/// outage among them (`LOADING`, `READONLY`, …) makes it unavailable, else a `BUSY` makes it
+/// busy, else the first error decides. Only an abort that carries no error is a script error.
+///
 /// `NOSCRIPT` is handled inside the store (load and retry once) and normally never reaches here.
 ///
 /// ```
@@ -58,6 +63,7 @@ pub fn classify(err: &RedisError) -> StoreError {
             )))
         }
         ErrorKind::AuthenticationFailed => auth_refused(err),
+        ErrorKind::Server(ServerErrorKind::ExecAbort) => aborted(err),
         _ => match err.code() {
             Some("NOAUTH" | "WRONGPASS") => auth_refused(err),
             Some("BUSY") => StoreError::Busy(err.to_string()),
@@ -70,6 +76,27 @@ pub fn classify(err: &RedisError) -> StoreError {
             _ => StoreError::Script(err.to_string()),
         },
     }
+}
+
+/// A refused transaction, by the errors its queued commands met (see [`classify`]).
+fn aborted(err: &RedisError) -> StoreError {
+    use tollgate_core::ErrorClass;
+    let inner: Vec<RedisError> = err
+        .clone()
+        .into_server_errors()
+        .map(|errors| errors.iter().map(|(_, e)| e.clone().into()).collect())
+        .unwrap_or_default();
+    let of_class = |class| inner.iter().find(|e| classify(e).class() == class);
+    if let Some(outage) = of_class(ErrorClass::Unavailable) {
+        return classify(outage);
+    }
+    if of_class(ErrorClass::Busy).is_some() {
+        // the whole abort's text: every refused command
+        return StoreError::Busy(err.to_string());
+    }
+    inner
+        .first()
+        .map_or_else(|| StoreError::Script(err.to_string()), classify)
 }
 
 /// Whether `err` is a `NOSCRIPT` reply: the server's script cache lost the script.

@@ -120,3 +120,86 @@ async fn a_lazily_built_store_starts_while_redis_is_down_and_serves_once_it_is_u
     }
     assert_eq!(remaining, [9, 8], "one bucket, in the server that came up");
 }
+
+/// A batch that repeats a key goes as one transaction (MULTI … EXEC). While another script
+/// runs past `busy-reply-threshold`, the server refuses each queued EVALSHA with `BUSY` and
+/// EXEC answers `EXECABORT`: the batch must fail as busy (DESIGN: BUSY → busy, so the
+/// failure mode applies), like a lone call or a batch without a repeated key — never as a
+/// script error (a bug, reported loudly, no failure mode). `server` is the store's server.
+async fn a_busy_server_makes_a_repeated_key_batch_busy(store: &RedisStore, server: &redis::Client) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("busy-reply-threshold")
+        .arg(50)
+        .query(&mut server.get_connection().unwrap())
+        .unwrap();
+    let mut conn = server.get_connection().unwrap();
+    let spin = std::thread::spawn(move || {
+        let script = "local a = redis.call('TIME') \
+            while true do local b = redis.call('TIME') \
+            if (b[1] - a[1]) * 1000000 + (b[2] - a[2]) > 700000 then return 1 end end";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let p = Policy::fixed_window(5, Duration::from_secs(3600)).unwrap();
+    let (a, b) = (
+        Key::new("busy", ["a"]).unwrap(),
+        Key::new("busy", ["b"]).unwrap(),
+    );
+    // Control: distinct keys (a plain pipeline) are each busy.
+    let distinct = [
+        tollgate_core::Acquire::new(&a, &p, 1),
+        tollgate_core::Acquire::new(&b, &p, 1),
+    ];
+    let plain = store.acquire_many(&distinct).await;
+    // A repeated key: one transaction.
+    let repeated = [
+        tollgate_core::Acquire::new(&a, &p, 1),
+        tollgate_core::Acquire::new(&a, &p, 1),
+    ];
+    let txn = store.acquire_many(&repeated).await;
+    spin.join().unwrap();
+    let classes = |r: &Result<tollgate_core::Batch, StoreError>| -> Vec<ErrorClass> {
+        match r {
+            Err(e) => vec![e.class()],
+            Ok(batch) => batch
+                .iter()
+                .map(|d| {
+                    d.as_ref()
+                        .map_or_else(StoreError::class, |_| ErrorClass::Invalid)
+                })
+                .collect(),
+        }
+    };
+    assert!(
+        classes(&plain).iter().all(|c| *c == ErrorClass::Busy),
+        "control: {plain:?}"
+    );
+    assert!(
+        classes(&txn).iter().all(|c| *c == ErrorClass::Busy),
+        "a busy server refused the batch's transaction: {txn:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_repeating_a_key_on_a_busy_server_is_busy_not_a_script_error() {
+    let server = Server::start();
+    let store = server.pooled(2).await;
+    a_busy_server_makes_a_repeated_key_batch_busy(&store, &server.0.client()).await;
+}
+
+#[tokio::test]
+async fn a_batch_repeating_a_key_on_a_busy_sentinel_primary_is_busy_not_a_script_error() {
+    let topology = tollgate_testkit::sentinel::SentinelCluster::start("busy");
+    let store = RedisStore::sentinel("busy", topology.sentinel_urls())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let primary = &topology.data_servers()[topology.current_primary_index()];
+    a_busy_server_makes_a_repeated_key_batch_busy(&store, &primary.client()).await;
+}
