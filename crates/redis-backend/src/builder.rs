@@ -5,12 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::RedisConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{AsyncConnectionConfig, RedisConnectionInfo};
 use tollgate_core::{KeyError, StoreError};
 
-use crate::connection::{Conn, Managed, Pool, SentinelConn};
+use crate::connection::{Cluster, Conn, Managed, Pool, SentinelConn};
 use crate::error::classify;
 use crate::redact::{RedactedUrls, redact_url};
 use crate::store::{Inner, RedisStore};
@@ -178,7 +178,12 @@ impl RedisStore {
     /// Every bucket is one key with the whole [`Key`](tollgate_core::Key) as its hash tag, so
     /// each script runs on one slot of one node. The store follows `MOVED` and `ASK` (a slot
     /// being resharded) itself, up to 5 redirections per call, so a migration is invisible to
-    /// callers; it never resends a command after a connection failure, so every decision is
+    /// callers — also towards a node that joined after the store connected (it is in no slot
+    /// map until it owns a slot, so it is reached on a direct connection made with the first
+    /// initial node's credentials and TLS settings). A node whose connection stalls silently
+    /// (a dropped path: calls abandoned at their deadlines) is probed with a `PING` within the
+    /// connect timeout, and without an answer the cluster connection is replaced by a fresh
+    /// one, as the other connection kinds do. It never resends a command after a connection failure, so every decision is
     /// applied at most once. A batch ([`acquire_many`](tollgate_core::Store::acquire_many))
     /// sends all its scripts at once, each to its key's node: one round trip per node, the
     /// nodes in parallel. `CLUSTERDOWN` and `TRYAGAIN` are [`StoreError::Unavailable`].
@@ -479,11 +484,23 @@ impl RedisStoreBuilder {
                         .response_timeout(self.timeout.max(self.connect_timeout))
                         .build()
                         .map_err(|e| invalid("cluster configuration", e))?;
-                client
+                // A node reached directly (see `Cluster`) gets the first node's settings.
+                let node_info = redis::IntoConnectionInfo::into_connection_info(nodes[0].as_str())
+                    .map_err(|e| invalid("cluster configuration", e))?;
+                let node_config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.timeout.max(self.connect_timeout)));
+                let conn = client
                     .get_async_connection()
                     .await
-                    .map(Conn::Cluster)
-                    .map_err(|e| classify(&e))
+                    .map_err(|e| classify(&e))?;
+                Ok(Conn::Cluster(Arc::new(Cluster::new(
+                    conn,
+                    client,
+                    self.connect_timeout,
+                    node_info,
+                    node_config,
+                ))))
             }
         }
     }

@@ -29,7 +29,7 @@ pub(crate) enum Conn {
     Multiplexed(Arc<Managed>),
     Pool(Pool),
     Sentinel(Arc<SentinelConn>),
-    Cluster(ClusterConnection),
+    Cluster(Arc<Cluster>),
 }
 
 impl Conn {
@@ -799,6 +799,198 @@ fn timed_out(what: &str) -> RedisError {
 // ---------------------------------------------------------------------------------------------
 // Cluster
 
+/// A Redis Cluster: redis-rs's cluster connection, replaced when the path to one of its nodes
+/// stalls, and direct connections to the nodes that redirections name but that the cluster
+/// connection does not know.
+///
+/// - **Stalls** ([`Health`]): a keyed call abandoned after [`STALL_FLOOR_US`] has its slot's
+///   primary probed with a `PING` on the same connection, in the background, within the
+///   connect timeout. Silence replaces the whole cluster connection (a fresh one reads the slot
+///   map and connects to every node again); calls already sent on the old one finish or time
+///   out on it. The cluster connection does not reconnect a node whose path died without a
+///   reset, and answers from the other nodes say nothing of that one, so every abandoned call
+///   counts (one probe at a time).
+/// - **Unknown nodes**: a slot resharded to a node that joined after the slot map was read
+///   (it owns no slot until the move ends, so no slot map lists it) is answered with `ASK` or
+///   `MOVED` naming that node. The cluster connection only routes to nodes it has a
+///   connection to, so such a redirection is followed on a direct connection made with the
+///   first initial node's settings (credentials, TLS, timeouts), kept for the next calls.
+pub(crate) struct Cluster {
+    current: ArcSwap<TrackedCluster>,
+    client: redis::cluster::ClusterClient,
+    /// Bounds a probe's `PING` and a replacement's connect (the connect timeout).
+    probe_limit: Duration,
+    /// How to reach a node by address: the first initial node's settings.
+    node_info: redis::ConnectionInfo,
+    node_config: AsyncConnectionConfig,
+    /// Connections to nodes reached directly, by address.
+    direct: Mutex<std::collections::HashMap<(String, u16), MultiplexedConnection>>,
+}
+
+/// A cluster connection and its health (only its probe flag is used: see [`Cluster`]).
+struct TrackedCluster {
+    conn: ClusterConnection,
+    health: Arc<Health>,
+}
+
+/// The most nodes reached directly that are remembered at once (they are nodes that joined
+/// while a slot moves to them, so a handful at most; the map is cleared when full).
+const MAX_DIRECT_NODES: usize = 64;
+
+impl Cluster {
+    pub(crate) fn new(
+        conn: ClusterConnection,
+        client: redis::cluster::ClusterClient,
+        probe_limit: Duration,
+        node_info: redis::ConnectionInfo,
+        node_config: AsyncConnectionConfig,
+    ) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(TrackedCluster {
+                conn,
+                health: Arc::default(),
+            }),
+            client,
+            probe_limit,
+            node_info,
+            node_config,
+            direct: Mutex::default(),
+        }
+    }
+
+    /// Runs `call` on the current cluster connection; if the caller abandons it after
+    /// [`STALL_FLOOR_US`], the primary of `key`'s slot is probed.
+    async fn send<T>(
+        self: &Arc<Self>,
+        key: Option<&[u8]>,
+        call: impl AsyncFnOnce(&mut ClusterConnection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let tracked = self.current.load_full();
+        let mut conn = tracked.conn.clone();
+        let flight = key.map(|key| InFlight::new(&tracked.health, || self.suspect(&tracked, key)));
+        let result = call(&mut conn).await;
+        if let Some(flight) = flight {
+            // never `replied`: another node's answers say nothing of this one's path
+            flight.done(false);
+        }
+        result
+    }
+
+    /// Probes the primary of `key`'s slot on `tracked`, and replaces `tracked` if the probe
+    /// gets no answer.
+    fn suspect(self: &Arc<Self>, tracked: &Arc<TrackedCluster>, key: &[u8]) {
+        // Ends the probe however it ends, so the connection can be suspected again.
+        struct Probing(Arc<Health>);
+        impl Drop for Probing {
+            fn drop(&mut self) {
+                self.0.probing.store(false, Ordering::Release);
+            }
+        }
+        let probing = Probing(Arc::clone(&tracked.health));
+        if !Arc::ptr_eq(&self.current.load(), tracked) {
+            return; // replaced already
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            key,
+            SlotAddr::Master,
+        )));
+        let (this, stale) = (Arc::clone(self), Arc::clone(tracked));
+        runtime.spawn(async move {
+            let _probing = probing;
+            let mut conn = stale.conn.clone();
+            let pong = tokio::time::timeout(
+                this.probe_limit,
+                conn.route_command(redis::cmd("PING"), route),
+            )
+            .await;
+            if matches!(pong, Ok(Ok(_))) {
+                return;
+            }
+            if let Ok(Ok(fresh)) =
+                tokio::time::timeout(this.probe_limit, this.client.get_async_connection()).await
+            {
+                let fresh = Arc::new(TrackedCluster {
+                    conn: fresh,
+                    health: Arc::default(),
+                });
+                this.current.compare_and_swap(&stale, fresh);
+            }
+        });
+    }
+
+    /// A direct connection to `node`, with the first initial node's settings, remembered.
+    async fn connect_to(&self, node: &(String, u16)) -> RedisResult<MultiplexedConnection> {
+        let addr = match self.node_info.addr() {
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: node.0.clone(),
+                port: node.1,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => redis::ConnectionAddr::Tcp(node.0.clone(), node.1),
+        };
+        let client = redis::Client::open(self.node_info.clone().set_addr(addr))?;
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&self.node_config)
+            .await?;
+        let mut direct = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+        if direct.len() >= MAX_DIRECT_NODES {
+            direct.clear();
+        }
+        direct.insert(node.clone(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends `cmd` to the node at `host:port` on a direct connection (preceded by `ASKING`
+    /// for `ask`), made on first use. A failed connection is forgotten.
+    async fn direct(&self, host: &str, port: u16, cmd: &Cmd, ask: bool) -> RedisResult<Value> {
+        let node = (host.to_owned(), port);
+        let held = self
+            .direct
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&node)
+            .cloned();
+        let mut conn = if let Some(conn) = held {
+            conn
+        } else {
+            self.connect_to(&node).await?
+        };
+        let reply = if ask {
+            let mut pipe = Pipeline::with_capacity(2);
+            pipe.cmd("ASKING").add_command(cmd.clone());
+            conn.req_packed_commands(&pipe, 1, 1)
+                .await
+                .and_then(|mut replies| {
+                    replies.pop().ok_or_else(|| {
+                        RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
+                    })
+                })
+        } else {
+            conn.req_packed_command(cmd).await
+        };
+        if reply.as_ref().is_err_and(|e| {
+            e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_timeout()
+                || e.kind() == ErrorKind::Io
+        }) {
+            self.direct
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&node);
+        }
+        reply.and_then(Value::extract_error)
+    }
+}
+
 /// Sends one command on the cluster, following `MOVED` and `ASK` itself.
 ///
 /// The cluster connection is built with no retries of its own: it would resend a request
@@ -806,8 +998,20 @@ fn timed_out(what: &str) -> RedisError {
 /// contrast, means the node did not run the command, so following it keeps every decision
 /// applied at most once. `MOVED` goes to the named node (the connection refreshes its slot map
 /// meanwhile); `ASK` goes to the importing node preceded by `ASKING`, in one round trip.
-async fn cluster_command(cluster: &ClusterConnection, cmd: &Cmd) -> RedisResult<Value> {
-    let mut conn = cluster.clone();
+async fn cluster_command(cluster: &Arc<Cluster>, cmd: &Cmd) -> RedisResult<Value> {
+    cluster
+        .send(script_key(cmd), async |conn| {
+            follow_redirects(cluster, conn, cmd).await
+        })
+        .await
+}
+
+/// [`cluster_command`] on `conn`.
+async fn follow_redirects(
+    cluster: &Cluster,
+    conn: &mut ClusterConnection,
+    cmd: &Cmd,
+) -> RedisResult<Value> {
     let mut result = conn.req_packed_command(cmd).await;
     for _ in 0..MAX_REDIRECTS {
         let Err(err) = &result else {
@@ -816,8 +1020,12 @@ async fn cluster_command(cluster: &ClusterConnection, cmd: &Cmd) -> RedisResult<
         let Some((host, port)) = redirect_target(err) else {
             return result;
         };
-        let node = SingleNodeRoutingInfo::ByAddress { host, port };
-        result = if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) {
+        let ask = err.kind() == ErrorKind::Server(ServerErrorKind::Ask);
+        let node = SingleNodeRoutingInfo::ByAddress {
+            host: host.clone(),
+            port,
+        };
+        result = if ask {
             let mut pipe = Pipeline::with_capacity(2);
             pipe.cmd("ASKING").add_command(cmd.clone());
             conn.route_pipeline(pipe, 0, 2, node)
@@ -838,6 +1046,13 @@ async fn cluster_command(cluster: &ClusterConnection, cmd: &Cmd) -> RedisResult<
             conn.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
                 .await
         };
+        // A node the cluster connection has no connection to (see `Cluster`): directly.
+        if result
+            .as_ref()
+            .is_err_and(|e| e.kind() == ErrorKind::ClusterConnectionNotFound)
+        {
+            result = cluster.direct(&host, port, cmd, ask).await;
+        }
     }
     result
 }
@@ -863,7 +1078,7 @@ fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
 /// commands). A command not answered by `cut` fails alone as timed out (an I/O error, class
 /// unavailable): it may have run, as any call that times out.
 async fn cluster_pipeline(
-    cluster: &ClusterConnection,
+    cluster: &Arc<Cluster>,
     pipe: &Pipeline,
     cut: Option<tokio::time::Instant>,
 ) -> Vec<RedisResult<Value>> {
@@ -937,7 +1152,7 @@ async fn by_cut<T>(
 /// retry, so a transaction is sent once; one lost to the connection (an I/O error, the cut)
 /// may have run, and every command of it fails as unavailable.
 async fn key_pipeline(
-    cluster: &ClusterConnection,
+    cluster: &Arc<Cluster>,
     cmds: &[&Cmd],
     key: &[u8],
     chain: &[usize],
@@ -949,9 +1164,14 @@ async fn key_pipeline(
         pipe.add_command(cmds[i].clone());
     }
     let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-    let mut conn = cluster.clone();
     // The replies: MULTI's, one `QUEUED` per command, then EXEC's array (the one kept).
-    let exec = by_cut(cut, conn.route_pipeline(pipe, chain.len() + 1, 1, route)).await;
+    let exec = by_cut(
+        cut,
+        cluster.send(Some(key), async |conn| {
+            conn.route_pipeline(pipe, chain.len() + 1, 1, route).await
+        }),
+    )
+    .await;
     let lost = |e: RedisError| -> Vec<(usize, RedisResult<Value>)> {
         let e = RedisError::from(io::Error::other(format!(
             "{} requests on one key were lost with their connection and may have run: {e}",
@@ -990,7 +1210,7 @@ fn refused_whole(e: &RedisError) -> bool {
 /// The commands `chain` of `cmds` one after another, in order, each following its own
 /// redirection ([`cluster_command`]).
 async fn one_by_one(
-    cluster: &ClusterConnection,
+    cluster: &Arc<Cluster>,
     cmds: &[&Cmd],
     chain: &[usize],
     cut: Option<tokio::time::Instant>,

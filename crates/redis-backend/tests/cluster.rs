@@ -466,3 +466,144 @@ async fn a_slot_migration_under_load_surfaces_no_error_and_keeps_the_quota() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Scale-out: a slot moving to a node that joined after the store connected
+
+/// `CLUSTER <what>` of `server`, on a fresh connection with 500 ms timeouts.
+fn cluster_query(server: &RedisServer, what: &str) -> String {
+    let mut conn = server
+        .client()
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    redis::cmd("CLUSTER").arg(what).query(&mut conn).unwrap()
+}
+
+/// Waits (at most 20 s) until `new` has joined `cluster` and knows node `from` and is known by it.
+fn await_join(cluster: &RedisCluster, new: &RedisServer, from: usize, new_id: &str) {
+    let from_id = cluster.node_id(from);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let joined = cluster
+            .nodes()
+            .iter()
+            .chain([new])
+            .all(|n| cluster_query(n, "INFO").contains("cluster_known_nodes:4\r"))
+            && cluster_query(new, "INFO").contains("cluster_state:ok")
+            && cluster_query(new, "NODES").contains(from_id)
+            && cluster_query(&cluster.nodes()[from], "NODES").contains(new_id);
+        if joined {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new node did not join in time"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The usual way to scale a cluster out: a new, empty primary joins (`CLUSTER MEET`) and slots
+/// are resharded to it. While a slot moves there (the ASK window, the bucket already on the
+/// new node) the source answers `ASK <new node>`; once the move ends, `MOVED`. The new node
+/// owns no slot until then, so it is in no slot map the store has read: following the
+/// redirection must still reach it (on a direct connection), and its empty script cache
+/// (`NOSCRIPT`) is absorbed as anywhere else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moving_to_a_newly_joined_node_is_followed() {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::fixed_window(100, HOUR).unwrap();
+    let key = Key::new("scaleout", ["k0"]).unwrap();
+    let rkey = store.redis_key(&key, &policy);
+    let slot = RedisCluster::slot_of(&rkey);
+    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
+
+    // A fourth, empty primary joins the running cluster.
+    let new = RedisServer::builder()
+        .extra_args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ])
+        .start();
+    let new_id: String = redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query(&mut new.client().get_connection().unwrap())
+        .unwrap();
+    let from = cluster.node_for_slot(slot);
+    let from_id = cluster.node_id(from).to_owned();
+    let () = redis::cmd("CLUSTER")
+        .arg("MEET")
+        .arg("127.0.0.1")
+        .arg(new.port())
+        .query(&mut cluster.nodes()[0].client().get_connection().unwrap())
+        .unwrap();
+    tokio::task::block_in_place(|| await_join(&cluster, &new, from, &new_id));
+
+    // Open the ASK window towards the new node and move the bucket there.
+    let setslot = |server: &RedisServer, state: &str, id: &str| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(id)
+            .query(&mut server.client().get_connection().unwrap())
+            .unwrap();
+    };
+    setslot(&new, "IMPORTING", &from_id);
+    setslot(&cluster.nodes()[from], "MIGRATING", &new_id);
+    let () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(new.port())
+        .arg(&rkey)
+        .arg(0)
+        .arg(5000)
+        .query(&mut cluster.nodes()[from].client().get_connection().unwrap())
+        .unwrap();
+
+    // The bucket moved with its state; the store follows the ASK to the new node on every
+    // call of the ASK window, one at a time and in batches that repeat the key.
+    let mut results = Vec::new();
+    for _ in 0..5 {
+        let got = store.acquire(&key, &policy, 1).await;
+        results.push(got.map(|d| d.remaining).map_err(|e| e.to_string()));
+    }
+    assert_eq!(
+        results,
+        (94..=98).rev().map(Ok).collect::<Vec<_>>(),
+        "calls for a bucket now on the new node, in the ASK window"
+    );
+    let twice = [
+        tollgate_core::Acquire::new(&key, &policy, 1),
+        tollgate_core::Acquire::new(&key, &policy, 1),
+    ];
+    let batch: Vec<_> = store
+        .acquire_many(&twice)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.map(|d| d.remaining).map_err(|e| e.to_string()))
+        .collect();
+    assert_eq!(batch, [Ok(93), Ok(92)], "a batch in the ASK window");
+
+    // The move ends: every node assigns the slot to the new node; the source answers MOVED.
+    for server in cluster.nodes().iter().chain([&new]) {
+        setslot(server, "NODE", &new_id);
+    }
+    let mut results = Vec::new();
+    for _ in 0..5 {
+        let got = store.acquire(&key, &policy, 1).await;
+        results.push(got.map(|d| d.remaining).map_err(|e| e.to_string()));
+    }
+    assert_eq!(
+        results,
+        (87..=91).rev().map(Ok).collect::<Vec<_>>(),
+        "calls for a bucket on the new node after the move"
+    );
+}

@@ -332,3 +332,108 @@ async fn a_slow_primary_keeps_its_connection() {
         recovers(kind, &store).await;
     }
 }
+
+/// `CLUSTER SLOTS` of `server` as (start, end, port) of each range's primary.
+fn slot_ports(server: &RedisServer) -> Vec<(u16, u16, u16)> {
+    let mut conn = server
+        .client()
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let entries: Vec<Vec<redis::Value>> =
+        redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+    entries
+        .into_iter()
+        .map(|e| {
+            let start: u16 = redis::from_redis_value(e[0].clone()).unwrap();
+            let end: u16 = redis::from_redis_value(e[1].clone()).unwrap();
+            let primary: Vec<redis::Value> = redis::from_redis_value(e[2].clone()).unwrap();
+            let port: u16 = redis::from_redis_value(primary[1].clone()).unwrap();
+            (start, end, port)
+        })
+        .collect()
+}
+
+/// The same silent hang on a Redis Cluster: one primary is reached through the proxy (it
+/// announces the proxy's port), and the path of the store's open connection to it dies
+/// without a reset. New connections to it work at once, so — as on a single server — the
+/// store must be serving that primary's keys again within a few seconds, rather than timing
+/// out every call for them until the kernel gives up on the dead path (~15 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_nodes_connection_that_hangs_silently_is_replaced() {
+    use tollgate_testkit::cluster::RedisCluster;
+    let cluster = RedisCluster::start(3);
+    let node0 = &cluster.nodes()[0];
+    let proxy = FaultProxy::start(node0.port());
+    for (name, value) in [
+        ("cluster-announce-bus-port", node0.port() + 10_000),
+        ("cluster-announce-port", proxy.port()),
+    ] {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut node0.client().get_connection().unwrap())
+            .unwrap();
+    }
+    let started = Instant::now();
+    while !cluster.nodes()[1..]
+        .iter()
+        .all(|n| slot_ports(n).iter().any(|&(_, _, p)| p == proxy.port()))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "announce spread"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The store knows node 0 only by the proxy's address.
+    let store = RedisStore::cluster(cluster.nodes()[1..].iter().map(RedisServer::url))
+        .timeout(DEADLINE)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let ranges = slot_ports(&cluster.nodes()[1]);
+    let on_node0 = |k: &Key| {
+        let slot = RedisCluster::slot_of(store.redis_key(k, &policy()));
+        ranges
+            .iter()
+            .any(|&(s, e, p)| p == proxy.port() && (s..=e).contains(&slot))
+    };
+    let i = (0..10_000)
+        .find(|&i| on_node0(&key(i)))
+        .expect("a key on node 0");
+    bounded(&store, i).await.0.unwrap();
+    assert!(
+        proxy.stats().accepted >= 1,
+        "node 0 is reached through the proxy"
+    );
+
+    let before = proxy.stats().accepted;
+    proxy.stall_open();
+    let (out, _) = bounded(&store, i).await;
+    assert!(matches!(out, Err(StoreError::Timeout(_))), "{out:?}");
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    while started.elapsed() < RECOVERY {
+        let (out, _) = bounded(&store, i).await;
+        if out.is_ok() {
+            eprintln!(
+                "cluster silent hang: recovered after {:?} over {} new connection(s)",
+                started.elapsed(),
+                proxy.stats().accepted - before
+            );
+            return;
+        }
+        outcomes.push(out.unwrap_err().to_string());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "no recovery within {RECOVERY:?}: {} calls failed, {} new connection(s) to the node; last: {:?}",
+        outcomes.len(),
+        proxy.stats().accepted - before,
+        outcomes.last()
+    );
+}
