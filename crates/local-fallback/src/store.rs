@@ -30,8 +30,11 @@ pub const CAP_SWEEP_GAP_MS: u64 = 100;
 /// The periodic sweep (every so many new keys) runs at most once per this many milliseconds
 /// of the store's clock, as Redis's active expiry runs ten times a second: keys whose buckets
 /// expire between two visits (a generous policy refills them within a visit) are then reused
-/// in place rather than removed and inserted again at every visit. Expired buckets wait at
-/// most this long (or until the key cap) for a sweep.
+/// in place rather than removed and inserted again at every visit. A sweep that falls due
+/// within the gap waits for the first new key after it. Sweeps run on new keys only: a store
+/// whose set of keys stops growing keeps its expired buckets (reused in place when their keys
+/// come back) until new keys arrive, the key cap is reached, or
+/// [`LocalStore::sweep_expired`] is called.
 pub const SWEEP_GAP_MS: u64 = 100;
 
 /// An in-process [`Store`]: per-process state, atomic per key, time from a [`Clock`].
@@ -440,10 +443,11 @@ impl<C: Clock> LocalStore<C> {
             .collect())
     }
 
-    /// Removes every expired bucket now and returns how many were removed. Runs by itself every
-    /// so many new keys; call it from a background task to keep memory tighter.
+    /// Removes every expired bucket now and returns how many this call removed (a sweep
+    /// already under way is waited for first). Runs by itself every so many new keys; call it
+    /// from a background task to keep memory tighter.
     pub fn sweep_expired(&self) -> usize {
-        self.sweep(self.clock.now_micros() / 1000).unwrap_or(0)
+        self.sweep_after_any(self.clock.now_micros() / 1000)
     }
 
     /// Buckets held, including expired ones not yet swept.
@@ -500,11 +504,38 @@ impl<C: Clock> LocalStore<C> {
     }
 
     /// At the cap: sweeps unless a cap sweep ran within [`CAP_SWEEP_GAP_MS`]. Returns whether
-    /// a slot was freed.
+    /// the caller should try to reserve a slot once more: a slot was freed, or another call's
+    /// cap sweep within the gap may have freed one (it is waited for if still running, and no
+    /// walk is started for this call, so a flood of new keys cannot turn into one walk each).
     fn sweep_at_cap(&self, now_us: u64) -> bool {
         let now_ms = now_us / 1000;
-        claim_gap(&self.counters.last_cap_sweep_ms, now_ms, CAP_SWEEP_GAP_MS)
-            && self.sweep(now_ms).is_some_and(|removed| removed > 0)
+        if !claim_gap(&self.counters.last_cap_sweep_ms, now_ms, CAP_SWEEP_GAP_MS) {
+            self.wait_for_sweep();
+            return true;
+        }
+        self.sweep_after_any(now_ms) > 0
+    }
+
+    /// Sweeps at `now_ms`; if another sweep is under way (periodic, at the cap or a caller's
+    /// [`LocalStore::sweep_expired`], perhaps at an older time), waits for it and then sweeps.
+    /// Returns how many buckets this call removed.
+    fn sweep_after_any(&self, now_ms: u64) -> usize {
+        // Sweeps starting back to back could hold this call off for ever: three tries, then
+        // it takes what the others removed for its own.
+        for _ in 0..3 {
+            if let Some(removed) = self.sweep(now_ms) {
+                return removed;
+            }
+            self.wait_for_sweep();
+        }
+        0
+    }
+
+    /// Waits until no sweep is under way.
+    fn wait_for_sweep(&self) {
+        while self.counters.sweeping.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
     }
 
     /// Removes the buckets expired at `now_ms`; `None` if another thread is sweeping.

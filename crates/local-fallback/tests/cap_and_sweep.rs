@@ -285,3 +285,148 @@ fn a_clock_near_the_end_of_u64_decides_as_any_other() {
         store.sweep_expired();
     }
 }
+
+/// A store at its cap whose every bucket has expired: new keys arriving together are all
+/// admitted (one sweep frees room for all of them). The second key's cap sweep falls within
+/// the first's gap; it must wait for that sweep rather than be refused while the map is full
+/// only of expired buckets the sweep under way is removing.
+#[test]
+fn new_keys_arriving_together_at_a_cap_of_expired_buckets_are_all_admitted() {
+    const CAP: usize = 20_000;
+    const THREADS: usize = 2;
+    let runs = 20;
+    let mut refused_runs = 0;
+    for run in 0..runs {
+        let clock = ManualClock::new(T);
+        let store = LocalStore::builder()
+            .max_keys(CAP)
+            .sweep_every(usize::MAX)
+            .clock(clock.clone())
+            .build();
+        let p = second_window();
+        for i in 0..CAP {
+            store.acquire_now(&key(i), &p, 1).unwrap();
+        }
+        clock.advance(Duration::from_secs(2)); // every bucket has expired
+        let barrier = std::sync::Barrier::new(THREADS);
+        let refused: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (store, p, barrier) = (&store, &p, &barrier);
+                    s.spawn(move || {
+                        let k = Key::new("new", [format!("{run}-{t}")]).unwrap();
+                        barrier.wait();
+                        match store.acquire_now(&k, p, 1) {
+                            Ok(d) => {
+                                assert!(d.allowed);
+                                0
+                            }
+                            Err(StoreError::KeyCapReached { .. }) => 1,
+                            Err(e) => panic!("{e}"),
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        if refused > 0 {
+            refused_runs += 1;
+            eprintln!("run {run}: {refused} of {THREADS} new keys refused");
+        }
+    }
+    assert_eq!(
+        refused_runs, 0,
+        "{refused_runs} of {runs} runs refused a new key"
+    );
+}
+
+/// A clock that counts its reads, so a test knows when a call has read it.
+#[derive(Clone)]
+struct CountingClock {
+    inner: ManualClock,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tollgate_core::Clock for CountingClock {
+    fn now_micros(&self) -> u64 {
+        let now = self.inner.now_micros();
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        now
+    }
+}
+
+/// A background `sweep_expired` (as the docs suggest) that started before the buckets
+/// expired is still walking the map when a new key arrives at the cap: the new key's cap
+/// sweep waits for it and then runs, rather than refusing the key and spending the gap
+/// without sweeping (which refused every new key for `CAP_SWEEP_GAP_MS` while every held
+/// bucket had expired).
+#[test]
+fn a_cap_sweep_waits_for_a_background_sweep_under_way() {
+    const CAP: usize = 200_000;
+    for run in 0..5 {
+        let clock = CountingClock {
+            inner: ManualClock::new(T),
+            reads: std::sync::Arc::default(),
+        };
+        let store = LocalStore::builder()
+            .max_keys(CAP)
+            .sweep_every(usize::MAX)
+            .clock(clock.clone())
+            .build();
+        let p = second_window();
+        for i in 0..CAP {
+            store.acquire_now(&key(i), &p, 1).unwrap();
+        }
+        let (first, later) = std::thread::scope(|s| {
+            let before = clock.reads.load(Ordering::SeqCst);
+            // at T: nothing has expired yet; a walk over 200,000 buckets
+            let background = s.spawn(|| store.sweep_expired());
+            let started = std::time::Instant::now();
+            while clock.reads.load(Ordering::SeqCst) == before {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "no sweep started"
+                );
+                std::hint::spin_loop();
+            }
+            clock.inner.advance(Duration::from_secs(2)); // every bucket has expired
+            let first = store.acquire_now(&Key::new("new", ["a"]).unwrap(), &p, 1);
+            assert_eq!(
+                background.join().unwrap(),
+                0,
+                "the background sweep ran at T"
+            );
+            clock.inner.advance(Duration::from_millis(50));
+            let later = store.acquire_now(&Key::new("new", ["b"]).unwrap(), &p, 1);
+            (first, later)
+        });
+        assert!(first.is_ok(), "run {run}: first new key: {first:?}");
+        assert!(later.is_ok(), "run {run}: 50 ms later: {later:?}");
+        assert_eq!(store.len(), 2, "run {run}");
+    }
+}
+
+/// A periodic sweep that falls due within `SWEEP_GAP_MS` of the last one is not dropped: the
+/// first new key after the gap runs it.
+#[test]
+fn a_sweep_due_inside_the_gap_runs_at_the_first_new_key_after_it() {
+    let clock = ManualClock::new(T);
+    let store = LocalStore::builder()
+        .sweep_every(10)
+        .clock(clock.clone())
+        .build();
+    let p = second_window();
+    for i in 0..10 {
+        store.acquire_now(&key(i), &p, 1).unwrap(); // the 10th runs a sweep at T
+    }
+    clock.advance(Duration::from_millis(50));
+    for i in 10..20 {
+        store.acquire_now(&key(i), &p, 1).unwrap(); // due again, within the gap
+    }
+    assert_eq!(store.len(), 20);
+    clock.advance(Duration::from_secs(2)); // every bucket has expired
+    store.acquire_now(&key(0), &p, 1).unwrap(); // a held key: no sweep
+    assert_eq!(store.len(), 20, "sweeps run on new keys only");
+    store.acquire_now(&key(100), &p, 1).unwrap(); // the first new key after the gap
+    assert_eq!(store.len(), 2, "the deferred sweep ran");
+}
