@@ -414,6 +414,32 @@ fn serve_refuses_route_paths_axum_cannot_route() {
     }
 }
 
+/// A method axum cannot route (no `MethodFilter`, e.g. `PURGE`) is the policy file's
+/// located error, not a failure while the server builds its routes.
+#[test]
+fn serve_refuses_a_method_axum_cannot_route_naming_field_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = SHARED_CONFIG.replacen(
+        "path = \"/quota\"\n",
+        "path = \"/quota\"\nmethod = \"PURGE\"\n",
+        1,
+    );
+    assert_eq!(text.lines().nth(4), Some("method = \"PURGE\""));
+    let config = write_config(dir.path(), &text);
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", &config])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("line 5, column 10: route[0].method: \"PURGE\""),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "started");
+}
+
 #[test]
 fn serve_refuses_an_invalid_policy_file_naming_field_and_line() {
     let dir = tempfile::tempdir().unwrap();

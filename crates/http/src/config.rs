@@ -33,7 +33,7 @@
 //! |---|---|---|
 //! | `name` | yes | policy name in the response fields and key namespace: `[a-z0-9_.-]`, unique |
 //! | `path` | yes | axum route path, e.g. `/items/{id}`; refused if axum would not route it, or it conflicts with an earlier route's |
-//! | `method` | no | only this method is limited and served; any method if absent |
+//! | `method` | no | only this method is limited and served (one axum routes: `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `PATCH`, `OPTIONS`, `TRACE`, `CONNECT`); any method if absent |
 //! | `key` | yes | `"ip"`, `"header:NAME"`, `"user"` or `"route"` |
 //! | `cost` | no | an integer (default 1) or `{ header = "x-cost", default = 1, min = 1, max = 100 }` |
 //! | `policy` | yes | a policy spec, e.g. `"token-bucket:capacity=10,rate=2"` |
@@ -53,6 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderName, Method};
+use axum::routing::MethodFilter;
 use serde::Deserialize;
 use tollgate::{FailureMode, Key, Limiter, LimiterBuilder, Policy, Store};
 use toml::Spanned;
@@ -61,6 +62,9 @@ use crate::client_ip::{Cidr, ClientIpKey, ForwardedHeader, TrustedProxies};
 use crate::cost::{CostSource, FixedCost, HeaderCost};
 use crate::key::{HeaderKey, KeySource, RouteKey, UserKey};
 use crate::layer::RateLimitLayer;
+
+/// The methods a route's `method` may name: those axum routes by (`MethodFilter`).
+const ROUTABLE_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE, CONNECT";
 
 /// The layer a policy-file route gets.
 pub type RouteLayer = RateLimitLayer<KeySource, CostSource>;
@@ -432,7 +436,24 @@ impl Validator<'_> {
         let method = match &raw.method {
             None => None,
             Some(m) => match Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()) {
-                Ok(method) if !m.get_ref().is_empty() => Some(method),
+                // Only a method axum can route: the server builds each route with its
+                // `MethodFilter`, which a token such as PURGE has none of.
+                Ok(method)
+                    if !m.get_ref().is_empty()
+                        && MethodFilter::try_from(method.clone()).is_ok() =>
+                {
+                    Some(method)
+                }
+                Ok(method) if !m.get_ref().is_empty() => {
+                    return self.err(
+                        &m.span(),
+                        &field("method"),
+                        format_args!(
+                            "{:?} cannot be routed; a route's method is one of {ROUTABLE_METHODS}, or leave it out to serve every method",
+                            method.as_str()
+                        ),
+                    );
+                }
                 _ => {
                     return self.err(
                         &m.span(),
@@ -748,6 +769,32 @@ failure_mode = "closed"
 
     fn error(text: &str) -> ConfigError {
         PolicyFile::parse(text).unwrap_err()
+    }
+
+    /// A method `Method` parses but axum cannot route (no `MethodFilter`): refused where it
+    /// is written, rather than failing later when the server builds its routes.
+    #[test]
+    fn methods_axum_cannot_route_are_refused() {
+        let text = "[[route]]\nname = \"api\"\npath = \"/api\"\nkey = \"route\"\nmethod = \"PURGE\"\npolicy = \"fixed-window:limit=10,window=1s\"\nfailure_mode = \"closed\"\n";
+        assert_eq!(text.lines().nth(4), Some("method = \"PURGE\""));
+        let e = error(text);
+        assert_eq!(
+            (e.line, e.column, e.field.as_str()),
+            (5, 10, "route[0].method"),
+            "{e}"
+        );
+        assert!(e.message.contains("PURGE"), "{e}");
+        assert!(e.message.contains("GET"), "{e}");
+        for routable in [
+            "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "get",
+        ] {
+            let file = PolicyFile::parse(&text.replace("PURGE", routable))
+                .unwrap_or_else(|e| panic!("{routable}: {e}"));
+            assert_eq!(
+                file.routes[0].method.as_ref().map(Method::as_str),
+                Some(routable.to_ascii_uppercase().as_str())
+            );
+        }
     }
 
     #[test]
