@@ -67,7 +67,8 @@ pub struct RateLimitLayer<K, C = FixedCost> {
 impl<K: KeyExtractor> RateLimitLayer<K, FixedCost> {
     /// Limits with `limiter`, keyed by `key`, each request costing 1. The policy name in the
     /// response fields is the limiter's operation; the policy fields (`RateLimit-Policy`, the
-    /// limit) always show the limiter's policy in force, following [`Limiter::set_policy`].
+    /// limit) show the limiter's policy in force when the request was decided, following
+    /// [`Limiter::set_policy`] from the next request on.
     pub fn new(limiter: Limiter, key: K) -> Self {
         let responses = RateLimitResponses::for_limiter(&limiter);
         Self {
@@ -261,6 +262,9 @@ where
                 count(route, 500, "none");
                 return Ok(crate::response::misconfigured());
             }
+            // The policy this request is decided under, read before the limiter reads it:
+            // the response shows it even if the policy changes while the handler runs.
+            let policy = responses.policy();
             let decision = match shared.limiter.check([key], cost).await {
                 Ok(d) => d,
                 Err(error) => {
@@ -286,11 +290,11 @@ where
             shared.enforcement.observe(route, decision.enforcement);
             if !decision.allowed {
                 count(route, 429, decision.enforcement.as_str());
-                return Ok(responses.denied(&decision));
+                return Ok(responses.denied_under(&decision, &policy));
             }
             request.extensions_mut().insert(decision.clone());
             let mut response = inner.call(request).await?;
-            responses.decorate_with_cost(&decision, cost, response.headers_mut());
+            responses.decorate_under(&decision, cost, &policy, response.headers_mut());
             count(
                 route,
                 response.status().as_u16(),

@@ -59,8 +59,9 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 /// Everything derived from the policy (`RateLimit-Policy`, the 413's `q`,
 /// `X-RateLimit-Limit`) is taken from the policy in force when the response is built: a
 /// builder made with [`RateLimitResponses::for_limiter`] follows [`Limiter::set_policy`] (and a
-/// limiter following a policy registry). The rendered `RateLimit-Policy` value is cached per
-/// policy, so it is formatted again only when the policy changes.
+/// limiter following a policy registry). The layer itself shows the policy in force when it
+/// asked the limiter, not one set while the handler ran. The rendered `RateLimit-Policy` value
+/// is cached per policy, so it is formatted again only when the policy changes.
 #[derive(Debug, Clone)]
 pub struct RateLimitResponses {
     name: Arc<str>,
@@ -199,10 +200,22 @@ impl RateLimitResponses {
     ///   value no enforced response ever carries, and would tell the client the limiter is
     ///   failing open.
     pub fn decorate_with_cost(&self, decision: &Decision, cost: u64, headers: &mut HeaderMap) {
-        let policy = self.policy();
+        self.decorate_under(decision, cost, &self.policy(), headers);
+    }
+
+    /// [`RateLimitResponses::decorate_with_cost`] for a decision made under `policy`: the
+    /// layer passes the policy it read before asking the limiter, so a policy change while the
+    /// request is in the handler cannot put a `q` beside an `r` it never governed.
+    pub(crate) fn decorate_under(
+        &self,
+        decision: &Decision,
+        cost: u64,
+        policy: &Policy,
+        headers: &mut HeaderMap,
+    ) {
         let shown;
         let decision = if decision.enforcement == Enforcement::Bypassed {
-            shown = untouched_bucket(&policy, cost, decision);
+            shown = untouched_bucket(policy, cost, decision);
             &shown
         } else {
             decision
@@ -210,23 +223,28 @@ impl RateLimitResponses {
         // The shared store decides a bucket that a newer policy (another instance, mid
         // rollout) already wrote under that policy's parameters: show the quota that decided,
         // without a window this instance does not know, rather than one `r` may exceed.
+        // A decision that leaves more than the policy's limit was made under another policy
+        // (one set while this request was being decided): it is shown the same way, under
+        // the limit that decided, whatever its enforcement, so `r` never exceeds `q`.
         // Likewise a decision whose reset lies beyond the policy's window (a degraded share
         // floored to one token refills slower than the whole quota; a rollout's longer
         // window): the window is left out rather than contradicted by `t`.
-        let (limit, policy_field) =
-            if decision.enforcement == Enforcement::Shared && decision.limit != policy.limit() {
-                (
-                    decision.limit,
-                    render_quota(&self.name, decision.limit, None),
-                )
-            } else if window_secs(&policy).is_some_and(|w| decision.reset_after_secs() > w) {
-                (
-                    policy.limit(),
-                    render_quota(&self.name, policy.limit(), None),
-                )
-            } else {
-                (policy.limit(), self.policy_field_for(&policy))
-            };
+        let (limit, policy_field) = if (decision.enforcement == Enforcement::Shared
+            && decision.limit != policy.limit())
+            || decision.remaining > policy.limit()
+        {
+            (
+                decision.limit,
+                render_quota(&self.name, decision.limit, None),
+            )
+        } else if window_secs(policy).is_some_and(|w| decision.reset_after_secs() > w) {
+            (
+                policy.limit(),
+                render_quota(&self.name, policy.limit(), None),
+            )
+        } else {
+            (policy.limit(), self.policy_field_for(policy))
+        };
         headers.insert(RATELIMIT_POLICY.clone(), policy_field);
         headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
         if self.legacy {
@@ -242,6 +260,15 @@ impl RateLimitResponses {
     /// 429 for a denied `decision`: `Retry-After` in whole seconds rounded up (at least 1),
     /// the quota fields, and a one-line body.
     pub fn denied<B: From<String>>(&self, decision: &Decision) -> Response<B> {
+        self.denied_under(decision, &self.policy())
+    }
+
+    /// [`RateLimitResponses::denied`] for a decision made under `policy`.
+    pub(crate) fn denied_under<B: From<String>>(
+        &self,
+        decision: &Decision,
+        policy: &Policy,
+    ) -> Response<B> {
         // A denial always carries a wait; 1 s is the floor should a store ever omit it.
         let retry = decision.retry_after_secs().unwrap_or(1).max(1);
         let mut resp = text(
@@ -252,7 +279,7 @@ impl RateLimitResponses {
             ),
         );
         resp.headers_mut().insert(RETRY_AFTER, retry.into());
-        self.decorate(decision, resp.headers_mut());
+        self.decorate_under(decision, 1, policy, resp.headers_mut());
         resp
     }
 
@@ -505,6 +532,28 @@ mod tests {
         let mut h = HeaderMap::new();
         r.decorate(&bypass, &mut h);
         assert_eq!(h["ratelimit"], r#""api";r=9;t=1"#);
+    }
+
+    /// A decision leaving more than the shown policy's limit (made under another policy, one
+    /// set while it was being decided) is shown under the limit that decided, without `w`,
+    /// whatever its enforcement: never `r` above `q`.
+    #[test]
+    fn a_decision_under_a_larger_limit_never_shows_r_above_q() {
+        let p = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
+        let r = RateLimitResponses::new("api", &p).legacy_headers(true);
+        let degraded = Decision::shared(true, 100, 99, None, 1_000_000)
+            .with_enforcement(Enforcement::Degraded);
+        let mut h = HeaderMap::new();
+        r.decorate(&degraded, &mut h);
+        assert_eq!(h[&RATELIMIT], r#""api";r=99;t=1"#);
+        assert_eq!(h[&RATELIMIT_POLICY], r#""api";q=100"#);
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "100");
+        // Within the policy's limit: the policy as it is.
+        let degraded =
+            Decision::shared(true, 5, 4, None, 1_000_000).with_enforcement(Enforcement::Degraded);
+        r.decorate(&degraded, &mut h);
+        assert_eq!(h[&RATELIMIT_POLICY], r#""api";q=10;w=3600"#);
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "10");
     }
 
     #[test]

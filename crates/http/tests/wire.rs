@@ -509,3 +509,45 @@ async fn degraded_headers_stay_consistent_when_the_share_floors_below_one() {
         }
     }
 }
+
+/// The handler changes the limiter's policy while its request is in flight (100 per hour to
+/// 10 per hour). The degraded decision was made under the old policy, so its response shows
+/// that policy: never `q=10` beside `r=99`. The next request is decided and shown under the
+/// new one.
+#[tokio::test]
+async fn a_policy_change_during_a_request_does_not_contradict_its_degraded_answer() {
+    let down: Arc<dyn Store> = Arc::new(LocalStore::builder().max_keys(0).build());
+    let hour = Duration::from_secs(3600);
+    let api = limiter(
+        "api",
+        Policy::fixed_window(100, hour).unwrap(),
+        &down,
+        FailureMode::degraded(1),
+    );
+    let changes = api.clone();
+    let handler = move || {
+        let changes = changes.clone();
+        async move {
+            changes.set_policy(Policy::fixed_window(10, hour).unwrap().with_generation(1));
+            "ok"
+        }
+    };
+    let layer = RateLimitLayer::new(api, RouteKey).legacy_headers(true);
+    let app = Router::new().route("/x", get(handler).route_layer(layer));
+
+    let resp = send(&app, get_req("/x")).await;
+    let h = resp.headers();
+    eprintln!("{} {h:?}", resp.status());
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(param(h, "ratelimit", "r"), 99);
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""api";q=100;w=3600"#));
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("100"));
+    assert_eq!(field(h, "x-ratelimit-remaining"), Some("99"));
+
+    let resp = send(&app, get_req("/x")).await;
+    let h = resp.headers();
+    eprintln!("{} {h:?}", resp.status());
+    assert_eq!(params(h, "ratelimit-policy"), Some("q=10;w=3600"));
+    assert!(param(h, "ratelimit", "r") < 10, "{h:?}");
+    assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
+}
