@@ -294,7 +294,7 @@ where
             }
             request.extensions_mut().insert(decision.clone());
             let mut response = inner.call(request).await?;
-            responses.decorate_under(&decision, cost, &policy, response.headers_mut());
+            responses.decorate_response(&decision, cost, &policy, &mut response);
             count(
                 route,
                 response.status().as_u16(),

@@ -17,6 +17,11 @@
 //! | limiter unavailable (`Closed`) | 503 | — | — | — |
 //! | store error (a bug), a cost of 0 from the route's cost function, or a fixed cost above capacity | 500 | — | — | — |
 //!
+//! Stacked layers (a route's own inside a site-wide one) each add their member to the
+//! `RateLimit` / `RateLimit-Policy` lists of an allowed response or an inner layer's 429
+//! (`"login";r=0;t=2800, "site";r=98;t=40`), keep the denying layer's `Retry-After`, and add
+//! nothing to an inner layer's other answers; see `docs/http.md`, "Stacked layers".
+//!
 //! ```
 //! use std::time::Duration;
 //! use tollgate::{Decision, Policy};
@@ -213,6 +218,57 @@ impl RateLimitResponses {
         policy: &Policy,
         headers: &mut HeaderMap,
     ) {
+        let fields = self.fields(decision, cost, policy);
+        headers.insert(RATELIMIT_POLICY.clone(), fields.policy);
+        headers.insert(RATELIMIT.clone(), fields.ratelimit);
+        if self.legacy {
+            fields.legacy.insert(headers);
+        }
+    }
+
+    /// The layer's decoration of the response its inner service returned for a request it
+    /// admitted under `policy`. Layers stack (a route's own layer inside a site-wide one), so
+    /// the response may already be another layer's:
+    ///
+    /// - one that layer answered itself without a quota decision (400, 401, 413, 500, 503):
+    ///   left as it is, without this layer's fields (a 503 under `Closed` carries none);
+    /// - its 429, or a handler's response it decorated: this layer's `RateLimit` and
+    ///   `RateLimit-Policy` members are appended to the lists already there (the IETF fields
+    ///   are lists, one member per policy), never replacing them. `Retry-After` stays the
+    ///   denying layer's. The single-valued legacy headers show one quota: on a 429 the
+    ///   denying layer's (untouched, absent if it sends none); otherwise the one with the
+    ///   fewest units left, on a tie the one resetting later.
+    ///
+    /// Anything else (the handler's own response) gets the fields as
+    /// [`RateLimitResponses::decorate_with_cost`] sets them.
+    pub(crate) fn decorate_response<B>(
+        &self,
+        decision: &Decision,
+        cost: u64,
+        policy: &Policy,
+        response: &mut Response<B>,
+    ) {
+        let answered = response.extensions().get::<AnsweredByLimiter>().is_some();
+        let denied = response.status() == StatusCode::TOO_MANY_REQUESTS;
+        if answered && !denied {
+            return;
+        }
+        if !answered && response.extensions().get::<CarriesQuotaFields>().is_none() {
+            self.decorate_under(decision, cost, policy, response.headers_mut());
+            response.extensions_mut().insert(CarriesQuotaFields);
+            return;
+        }
+        let fields = self.fields(decision, cost, policy);
+        let headers = response.headers_mut();
+        append_member(headers, &RATELIMIT_POLICY, &fields.policy);
+        append_member(headers, &RATELIMIT, &fields.ratelimit);
+        if self.legacy && !answered && fields.legacy.more_restrictive_than(headers) {
+            fields.legacy.insert(headers);
+        }
+    }
+
+    /// The quota fields of `decision`, made for a request of `cost` under `policy`.
+    fn fields(&self, decision: &Decision, cost: u64, policy: &Policy) -> Fields {
         let shown;
         let decision = if decision.enforcement == Enforcement::Bypassed {
             shown = untouched_bucket(policy, cost, decision);
@@ -245,15 +301,14 @@ impl RateLimitResponses {
         } else {
             (policy.limit(), self.policy_field_for(policy))
         };
-        headers.insert(RATELIMIT_POLICY.clone(), policy_field);
-        headers.insert(RATELIMIT.clone(), self.ratelimit_field(decision));
-        if self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), limit.into());
-            headers.insert(X_RATELIMIT_REMAINING.clone(), decision.remaining.into());
-            headers.insert(
-                X_RATELIMIT_RESET.clone(),
-                decision.reset_after_secs().into(),
-            );
+        Fields {
+            policy: policy_field,
+            ratelimit: self.ratelimit_field(decision),
+            legacy: Legacy {
+                limit,
+                remaining: decision.remaining,
+                reset: decision.reset_after_secs(),
+            },
         }
     }
 
@@ -323,6 +378,70 @@ impl RateLimitResponses {
     }
 }
 
+/// Marks a response a [`RateLimitLayer`](crate::RateLimitLayer) (or this builder) answered
+/// itself: a 429, or a refusal made without a quota decision. An enclosing layer adds nothing
+/// to the refusals and only its own list members to the 429.
+#[derive(Debug, Clone, Copy)]
+struct AnsweredByLimiter;
+
+/// Marks a handler's response a layer decorated with its quota fields: an enclosing layer
+/// appends its members to them rather than replacing them.
+#[derive(Debug, Clone, Copy)]
+struct CarriesQuotaFields;
+
+/// One layer's quota fields for one decision.
+struct Fields {
+    policy: HeaderValue,
+    ratelimit: HeaderValue,
+    legacy: Legacy,
+}
+
+/// The legacy `X-RateLimit-*` values of one decision.
+struct Legacy {
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+}
+
+impl Legacy {
+    fn insert(&self, headers: &mut HeaderMap) {
+        headers.insert(X_RATELIMIT_LIMIT.clone(), self.limit.into());
+        headers.insert(X_RATELIMIT_REMAINING.clone(), self.remaining.into());
+        headers.insert(X_RATELIMIT_RESET.clone(), self.reset.into());
+    }
+
+    /// Whether these values are to replace the legacy headers another layer already set:
+    /// fewer units left, or as few and a later reset (or none set, or unreadable).
+    fn more_restrictive_than(&self, headers: &HeaderMap) -> bool {
+        let number = |name: &HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        match (number(&X_RATELIMIT_REMAINING), number(&X_RATELIMIT_RESET)) {
+            (Some(remaining), Some(reset)) => {
+                (self.remaining, std::cmp::Reverse(self.reset))
+                    < (remaining, std::cmp::Reverse(reset))
+            }
+            _ => true,
+        }
+    }
+}
+
+/// Appends `member` to the Structured Field list `name` (joining any lines already there
+/// into one, `a, b`), or sets it when absent.
+fn append_member(headers: &mut HeaderMap, name: &HeaderName, member: &HeaderValue) {
+    let mut list = Vec::new();
+    for value in headers.get_all(name) {
+        list.extend_from_slice(value.as_bytes());
+        list.extend_from_slice(b", ");
+    }
+    list.extend_from_slice(member.as_bytes());
+    let value = HeaderValue::from_bytes(&list).expect("joined header values stay valid");
+    headers.insert(name.clone(), value);
+}
+
 /// 500 for a route the server set up wrong (a cost function returning 0): the request was
 /// fine, so it gets no 4xx. The layer logs what was wrong; the client is not told.
 pub(crate) fn misconfigured<B: From<String>>() -> Response<B> {
@@ -339,6 +458,7 @@ fn text<B: From<String>>(status: StatusCode, body: String) -> Response<B> {
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    resp.extensions_mut().insert(AnsweredByLimiter);
     resp
 }
 

@@ -14,7 +14,10 @@ use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Request, Response, StatusCode};
 use axum::routing::get;
 use tollgate::{FailureMode, Limiter, LocalStore, ManualClock, Policy, Rate, Store, Transition};
-use tollgate_http::{ClientIpKey, FixedCost, HeaderCost, RateLimitLayer, RouteKey, TrustedProxies};
+use tollgate_http::{
+    ClientIpKey, FixedCost, HeaderCost, HeaderKey, RateLimitLayer, RouteKey, TrustedProxies,
+    UserKey,
+};
 use tower::ServiceExt;
 
 /// 2023-11-14T22:13:20.3Z: 20.3 s into a 30 s window, 20.3 s into a 60 s one.
@@ -506,6 +509,213 @@ async fn degraded_headers_stay_consistent_when_the_share_floors_below_one() {
                 Some(legacy_reset.as_str())
             );
             assert!(retry.is_none_or(|r| r <= reset.max(1)), "{what}");
+        }
+    }
+}
+
+/// The legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` headers.
+fn legacy(headers: &HeaderMap) -> [Option<&str>; 3] {
+    [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ]
+    .map(|n| field(headers, n))
+}
+
+/// A route's own layer (`login`, 1 per hour) inside a site-wide one (`site`, 100 per minute
+/// per client address), both on one store. Each layer adds its own member to the `RateLimit` and
+/// `RateLimit-Policy` lists (inner first); the outer never replaces the inner's. The 429 is
+/// the inner's: its `Retry-After`, and its `r=0` beside the site's state. The single-valued
+/// legacy headers show the most restrictive quota: on a 429, the one that denied; otherwise
+/// the one with the fewest units left.
+#[tokio::test]
+async fn stacked_layers_each_add_their_fields_and_the_denying_one_stays() {
+    let clock = ManualClock::new(START_MICROS);
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let hour = Duration::from_secs(3600);
+    let login = limiter(
+        "login",
+        Policy::fixed_window(1, hour).unwrap(),
+        &store,
+        FailureMode::Closed,
+    );
+    let site = limiter(
+        "site",
+        Policy::fixed_window(100, Duration::from_secs(60)).unwrap(),
+        &store,
+        FailureMode::Closed,
+    );
+    let app = Router::new()
+        .route(
+            "/login",
+            get(|| async { "ok" })
+                .route_layer(RateLimitLayer::new(login, RouteKey).legacy_headers(true)),
+        )
+        .route("/other", get(|| async { "ok" }))
+        .route(
+            "/wide",
+            get(|| async { "ok" }).route_layer(
+                RateLimitLayer::new(
+                    limiter(
+                        "wide",
+                        Policy::fixed_window(1000, Duration::from_secs(60)).unwrap(),
+                        &store,
+                        FailureMode::Closed,
+                    ),
+                    RouteKey,
+                )
+                .legacy_headers(true),
+            ),
+        )
+        .layer(
+            RateLimitLayer::new(site, ClientIpKey::new(TrustedProxies::none()))
+                .legacy_headers(true),
+        );
+    let client = |path| from_peer(path, "192.0.2.1:1000");
+
+    // Both answers are printed before either is checked.
+    let first = send(&app, client("/login")).await;
+    eprintln!("first: {} {:?}", first.status(), first.headers());
+    let second = send(&app, client("/login")).await;
+    eprintln!("second: {} {:?}", second.status(), second.headers());
+
+    let (resp, h) = (&first, first.headers());
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        field(h, "ratelimit"),
+        Some(r#""login";r=0;t=2800, "site";r=99;t=40"#)
+    );
+    assert_eq!(
+        field(h, "ratelimit-policy"),
+        Some(r#""login";q=1;w=3600, "site";q=100;w=60"#)
+    );
+    // Fewest units left: login's.
+    assert_eq!(legacy(h), [Some("1"), Some("0"), Some("2800")]);
+
+    let (resp, h) = (&second, second.headers());
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(h, "retry-after"), Some("2800"));
+    assert_eq!(
+        field(h, "ratelimit"),
+        Some(r#""login";r=0;t=2800, "site";r=98;t=40"#)
+    );
+    assert_eq!(
+        field(h, "ratelimit-policy"),
+        Some(r#""login";q=1;w=3600, "site";q=100;w=60"#)
+    );
+    assert_eq!(legacy(h), [Some("1"), Some("0"), Some("2800")]);
+    for name in [
+        "ratelimit",
+        "ratelimit-policy",
+        "retry-after",
+        "x-ratelimit-limit",
+    ] {
+        assert_eq!(h.get_all(name).iter().count(), 1, "{name}: one field line");
+    }
+
+    // A route without its own layer: the site's fields alone, as before.
+    let resp = send(&app, client("/other")).await;
+    let h = resp.headers();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(field(h, "ratelimit"), Some(r#""site";r=97;t=40"#));
+    assert_eq!(field(h, "ratelimit-policy"), Some(r#""site";q=100;w=60"#));
+    assert_eq!(field(h, "x-ratelimit-remaining"), Some("97"));
+
+    // A route whose own quota is the looser one: both members, and the legacy headers are
+    // the site's, which has fewer units left.
+    let resp = send(&app, client("/wide")).await;
+    let h = resp.headers();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        field(h, "ratelimit"),
+        Some(r#""wide";r=999;t=40, "site";r=96;t=40"#)
+    );
+    assert_eq!(
+        field(h, "ratelimit-policy"),
+        Some(r#""wide";q=1000;w=60, "site";q=100;w=60"#)
+    );
+    assert_eq!(legacy(h), [Some("100"), Some("96"), Some("40")]);
+}
+
+/// What an inner layer answers itself without a quota decision (503 when its store is down
+/// and it fails closed, 400/401 for a missing key, 413 for a cost above capacity, 500 for its
+/// own misconfiguration) reaches the client as the inner layer built it: an outer layer adds
+/// no quota fields to it.
+#[tokio::test]
+async fn an_outer_layer_adds_nothing_to_an_inner_layers_own_answers() {
+    let clock = ManualClock::new(START_MICROS);
+    let up: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let down: Arc<dyn Store> = Arc::new(LocalStore::builder().max_keys(0).build());
+    let policy = Policy::fixed_window(5, Duration::from_secs(60)).unwrap();
+    let inner =
+        |name: &str, store: &Arc<dyn Store>| limiter(name, policy, store, FailureMode::Closed);
+    let site = limiter(
+        "site",
+        Policy::fixed_window(100, Duration::from_secs(60)).unwrap(),
+        &up,
+        FailureMode::Closed,
+    );
+    let app = Router::new()
+        .route(
+            "/down",
+            get(|| async { "ok" }).route_layer(
+                RateLimitLayer::new(inner("down", &down), RouteKey).legacy_headers(true),
+            ),
+        )
+        .route(
+            "/header",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                inner("header", &up),
+                HeaderKey::new("x-api-key".parse().unwrap()),
+            )),
+        )
+        .route(
+            "/user",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(inner("user", &up), UserKey)),
+        )
+        .route(
+            "/cost",
+            get(|| async { "ok" }).route_layer(
+                RateLimitLayer::new(inner("cost", &up), RouteKey)
+                    .cost(HeaderCost::new("x-cost".parse().unwrap(), 1, 1, 100).unwrap()),
+            ),
+        )
+        .route(
+            "/zero",
+            get(|| async { "ok" })
+                .route_layer(RateLimitLayer::new(inner("zero", &up), RouteKey).cost(FixedCost(0))),
+        )
+        .layer(RateLimitLayer::new(site, RouteKey).legacy_headers(true));
+    let mut answers = Vec::new();
+    for (req, status, policy_field) in [
+        (get_req("/down"), StatusCode::SERVICE_UNAVAILABLE, None),
+        (get_req("/header"), StatusCode::BAD_REQUEST, None),
+        (get_req("/user"), StatusCode::UNAUTHORIZED, None),
+        (
+            with_cost("/cost", 50),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some(r#""cost";q=5;w=60"#),
+        ),
+        (get_req("/zero"), StatusCode::INTERNAL_SERVER_ERROR, None),
+    ] {
+        let path = req.uri().path().to_owned();
+        let resp = send(&app, req).await;
+        eprintln!("{path}: {} {:?}", resp.status(), resp.headers());
+        answers.push((path, resp, status, policy_field));
+    }
+    for (path, resp, status, policy_field) in answers {
+        let h = resp.headers();
+        assert_eq!(resp.status(), status, "{path}");
+        assert_eq!(field(h, "ratelimit-policy"), policy_field, "{path}");
+        for name in [
+            "ratelimit",
+            "retry-after",
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            assert!(h.get(name).is_none(), "{path}: {name} = {:?}", h.get(name));
         }
     }
 }
