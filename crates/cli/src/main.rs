@@ -176,7 +176,7 @@ async fn check(args: CheckArgs) -> Result<()> {
         .context("no decision")?;
     let mut out = decision_json(&decision);
     out["key"] = key.as_str().into();
-    out["policy"] = args.policy.to_string().into();
+    out["policy"] = args.policy.to_spec().into();
     out["store"] = args.store.label().into();
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -73,3 +73,30 @@ fn publish_and_show_through_the_binary() {
     let missing = tollgate(&["policy", "show", "--redis", &url, "--name", "nope"]);
     assert!(!missing.status.success());
 }
+
+/// `tollgate check` prints the policy it decided under in the spec form `--policy` reads, so
+/// the printed policy can be given back to it (it printed `rate=2/1000000us`, which
+/// `--policy` refused).
+#[test]
+fn check_prints_a_policy_its_own_flag_reads_back() {
+    let server = RedisServer::start();
+    let url = server.url();
+    for policy in [
+        "token-bucket:capacity=10,rate=2",
+        "token-bucket:capacity=7,rate=7,period=3s,max-elapsed=2s,generation=4,transition=proportional",
+        "fixed-window:limit=100,window=1m",
+        "sliding-log:limit=20,window=10s,generation=2,transition=carry",
+    ] {
+        for store in [&["--redis", url.as_str()][..], &[][..]] {
+            let mut args = vec!["check", "--key", "user:1", "--policy", policy];
+            args.extend_from_slice(store);
+            let out = json(&tollgate(&args));
+            assert_eq!(out["allowed"], true, "{out}");
+            let printed = out["policy"].as_str().expect("a policy string").to_owned();
+            let mut again = vec!["check", "--key", "user:1", "--policy", printed.as_str()];
+            again.extend_from_slice(store);
+            let out = json(&tollgate(&again));
+            assert_eq!(out["policy"], printed.as_str(), "{policy}");
+        }
+    }
+}

@@ -59,7 +59,9 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 }
 
 /// Keys a request by the value of one header (an API key, a tenant id). A request without
-/// it, or with an empty value, is refused with 400.
+/// it, with an empty value, or with the header given more than once is refused with 400: of
+/// repeated values, the one the limiter keyed by need not be the one the application reads,
+/// so a client could vary the first and spend a fresh quota each time.
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,
@@ -79,8 +81,13 @@ impl HeaderKey {
 
 impl KeyExtractor for HeaderKey {
     fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
-        match request.headers().get(&self.name) {
-            Some(v) if !v.is_empty() => Ok(v.as_bytes().to_vec()),
+        let mut values = request.headers().get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            (Some(v), None) if !v.is_empty() => Ok(v.as_bytes().to_vec()),
+            (Some(_), Some(_)) => Err(Rejection::new(
+                StatusCode::BAD_REQUEST,
+                format!("{} header given more than once", self.name),
+            )),
             _ => Err(Rejection::new(
                 StatusCode::BAD_REQUEST,
                 format!("missing {} header", self.name),
@@ -205,6 +212,23 @@ mod tests {
             let req = Request::builder().uri(uri).body(()).unwrap();
             assert_eq!(RouteKey.extract(&req).unwrap(), b"unmatched", "{uri}");
         }
+    }
+
+    #[test]
+    fn a_key_header_given_twice_is_refused() {
+        let key = HeaderKey::new(HeaderName::from_static("x-api-key"));
+        let req = Request::builder()
+            .header("x-api-key", "rotating-1")
+            .header("x-api-key", "real")
+            .body(())
+            .unwrap();
+        let refused = key.extract(&req).unwrap_err();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        let req = Request::builder()
+            .header("x-api-key", "real")
+            .body(())
+            .unwrap();
+        assert_eq!(key.extract(&req).unwrap(), b"real");
     }
 
     #[test]
