@@ -1,6 +1,6 @@
 //! The `Limiter`: one protected operation's policy, store, deadline and failure mode.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -248,6 +248,7 @@ impl LimiterBuilder {
                 failure_mode,
                 timeout: self.timeout,
                 breaker: Breaker::new(self.breaker),
+                gauge_order: Mutex::new(()),
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 meters,
                 capacity_log: LogThrottle::new(REPEATED_LOG_INTERVAL),
@@ -271,6 +272,8 @@ struct Inner {
     failure_mode: FailureMode,
     timeout: Duration,
     breaker: Breaker,
+    /// Orders the breaker gauge's writes: see [`Limiter::report`].
+    gauge_order: Mutex<()>,
     deny_cache: Option<DenyCache>,
     meters: Meters,
     /// Thins the key-cap warning; the breaker bounds the outage warnings.
@@ -693,7 +696,18 @@ impl Limiter {
                 mode = inner.failure_mode.as_str(),
                 "rate limiter circuit breaker changed state"
             );
-            inner.meters.breaker.set(to.as_gauge());
+            // The gauge is set to the breaker's state as it is now, not to this transition's
+            // `to`: transitions race with their reports (the caller that opened the breaker
+            // may be held up writing the line above while another's probe closes it), and a
+            // delayed `to` written last would leave the gauge wrong for good — open while the
+            // breaker is closed, or closed through an outage. Under the lock each report reads
+            // the state after its own transition, so the last write reads it after the last
+            // transition. Transitions are rare; decisions never take the lock.
+            let _order = inner
+                .gauge_order
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            inner.meters.breaker.set(inner.breaker.state().as_gauge());
         }
     }
 

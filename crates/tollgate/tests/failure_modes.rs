@@ -12,6 +12,7 @@ use tollgate::{
     BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, LocalStore, ManualClock,
     Policy, Rate,
 };
+use tollgate_testkit::proxy::FaultProxy;
 use tollgate_testkit::server::RedisServer;
 
 const DEADLINE: Duration = Duration::from_millis(150);
@@ -232,6 +233,137 @@ async fn metrics_record_decisions_errors_and_breaker_state() {
         Some(1.0)
     );
     assert_eq!(find("tollgate_decision_seconds", &[]), Some(5.0));
+}
+
+/// The breaker gauge ends on the breaker's state whatever order concurrent transitions are
+/// reported in. The caller that opened the breaker is held up while its warning is written (a
+/// slow log sink); meanwhile, on another thread, the store answers again and a probe closes
+/// the breaker. Each report used to write its own transition's `to` to the gauge, so the
+/// delayed one wrote "open" last: the breaker closed, the gauge at 1 for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_gauge_ends_on_the_breaker_state_when_reports_race() {
+    use metrics_util::debugging::DebuggingRecorder;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tollgate::BreakerConfig;
+
+    let server = RedisServer::start();
+    let proxy = Arc::new(FaultProxy::start(server.port()));
+    let store = RedisStore::builder(proxy.url())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .expect("store");
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // Metric handles are registered when the limiter is built: build it under the recorder.
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        Limiter::builder("gauge", policy())
+            .store(Arc::new(store))
+            .failure_mode(FailureMode::Open)
+            .timeout(DEADLINE)
+            .breaker(BreakerConfig {
+                failure_threshold: 1,
+                probe_interval: Duration::ZERO,
+            })
+            .build()
+            .unwrap()
+    });
+    let d = timed(&limiter, "g").await.unwrap();
+    assert_eq!(d.enforcement, Enforcement::Shared);
+
+    let fired = Arc::new(AtomicBool::new(false));
+    let closed = Arc::new(AtomicBool::new(false));
+    let hook = {
+        let (limiter, proxy) = (limiter.clone(), Arc::clone(&proxy));
+        let (fired, closed) = (Arc::clone(&fired), Arc::clone(&closed));
+        let handle = tokio::runtime::Handle::current();
+        move || {
+            if fired.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            // Another caller, on another thread (its log lines go elsewhere), while this one
+            // waits: the store answers again and calls go on until a probe closes the breaker.
+            let recovered = close_from_another_thread(&limiter, &proxy, &handle);
+            closed.store(recovered, Ordering::SeqCst);
+        }
+    };
+    let writer = HookWriter(Arc::new(hook));
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    // The store goes away: the next call fails and opens the breaker (threshold 1).
+    proxy.set_refuse(true);
+    proxy.cut_all();
+    let started = Instant::now();
+    while !fired.load(Ordering::SeqCst) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the breaker never opened"
+        );
+        let _ = timed(&limiter, "g").await;
+    }
+    assert!(
+        closed.load(Ordering::SeqCst),
+        "a probe closed the breaker meanwhile"
+    );
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        metric(
+            &snapshot,
+            "tollgate_breaker_state",
+            &[("operation", "gauge")]
+        ),
+        Some(BreakerState::Closed.as_gauge()),
+        "the gauge says what the breaker is (closed), not the last transition reported"
+    );
+}
+
+/// A log sink that runs its hook while writing the line saying the breaker opened.
+#[derive(Clone)]
+struct HookWriter(Arc<dyn Fn() + Send + Sync>);
+impl std::io::Write for HookWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let line = String::from_utf8_lossy(buf);
+        if line.contains("changed state")
+            && (line.contains("to=\"open\"") || line.contains("to=open"))
+        {
+            (self.0)();
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// On another thread, lets `proxy` connect again and calls `limiter` (on `handle`'s runtime)
+/// until its breaker is closed, for at most 5 s; whether it closed.
+fn close_from_another_thread(
+    limiter: &Limiter,
+    proxy: &Arc<FaultProxy>,
+    handle: &tokio::runtime::Handle,
+) -> bool {
+    let (limiter, proxy, handle) = (limiter.clone(), Arc::clone(proxy), handle.clone());
+    std::thread::spawn(move || {
+        proxy.set_refuse(false);
+        handle.block_on(async {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(5) {
+                let _ = limiter.check(["g"], 1).await;
+                if limiter.breaker_state() == BreakerState::Closed {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            false
+        })
+    })
+    .join()
+    .unwrap_or(false)
 }
 
 /// A probe whose caller goes away (its future dropped by an outer timeout, as when a client
