@@ -643,6 +643,12 @@ impl Limiter {
     /// Forgets the bucket identified by `parts` in the store (and any cached denial of it, or
     /// one in flight): the next check sees a fresh bucket. Other instances' deny caches do not
     /// hear of it; [`crate::registry::PolicyFollower::reset`] tells them too.
+    ///
+    /// A reset the store cannot answer is [`Error::Unavailable`] (whatever the failure mode:
+    /// there is nothing to fall back to, and the breaker does not count it); one it refuses as
+    /// a bug (a script-class error, such as an ACL refusing `DEL`) is [`Error::Store`], logged
+    /// at error level as a decision's would be. Each failure counts once in
+    /// `tollgate_store_errors_total`, by class.
     pub async fn reset<I, P>(&self, parts: I) -> Result<(), Error>
     where
         I: IntoIterator<Item = P>,
@@ -660,25 +666,26 @@ impl Limiter {
         self.forget_local(key);
         let policy = self.policy();
         let call = inner.store.reset(key, &policy);
-        let result = tokio::time::timeout(inner.timeout, call).await;
+        let result = match tokio::time::timeout(inner.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(inner.timeout)),
+        };
         if let Some(cache) = &inner.deny_cache {
             // Again once the store has forgotten the bucket: a request sent during the reset's
             // round trip read the epoch bumped above and may have met the bucket before it went.
             cache.remove(key);
         }
-        match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) if e.class() == ErrorClass::Invalid => Err(Error::Invalid(e)),
-            Ok(Err(e)) if is_outage(e.class()) => Err(Error::Unavailable {
+        // A failed reset is a failed store round trip like a decision's: counted by class, and
+        // one that is not an outage (a script error, an ACL refusal) logged as a bug.
+        let Err(e) = result else { return Ok(()) };
+        inner.meters.store_error(e.class());
+        if is_outage(e.class()) {
+            return Err(Error::Unavailable {
                 operation: inner.operation.clone(),
                 source: e,
-            }),
-            Ok(Err(e)) => Err(Error::Store(e)),
-            Err(_) => Err(Error::Unavailable {
-                operation: inner.operation.clone(),
-                source: StoreError::Timeout(inner.timeout),
-            }),
+            });
         }
+        Err(self.classify(key, e))
     }
 
     /// The circuit breaker's current state.
@@ -757,16 +764,16 @@ impl Limiter {
             }
             return self.fail_over(key, cost, error);
         }
-        self.classify(key, error)
+        Err(self.classify(key, error))
     }
 
-    /// A store error that the failure mode does not handle.
-    fn classify(&self, key: &Key, error: StoreError) -> Result<Decision, Error> {
+    /// A store error that the failure mode does not handle: invalid input, or a bug (logged).
+    fn classify(&self, key: &Key, error: StoreError) -> Error {
         if error.class() == ErrorClass::Invalid {
-            return Err(Error::Invalid(error));
+            return Error::Invalid(error);
         }
         tracing::error!(operation = %self.inner.operation, %key, error = %error, "rate limiter store error (bug)");
-        Err(Error::Store(error))
+        Error::Store(error)
     }
 
     /// The failure mode's answer for `key`, or [`Error::Unavailable`] when it fails closed.

@@ -480,6 +480,79 @@ async fn batches_and_refusals_are_metered() {
     );
 }
 
+/// A failed reset is a failed store round trip like any other: counted by class in
+/// `tollgate_store_errors_total` (a timeout as `unavailable`), and one the store refuses for a
+/// reason that is not an outage — here an ACL user that may run the scripts but not `DEL` — is
+/// logged as a bug at error level, as a decision's would be, not only returned.
+#[tokio::test]
+async fn failed_resets_are_counted_and_a_script_error_is_logged() {
+    use metrics_util::debugging::DebuggingRecorder;
+    let mut server = RedisServer::start();
+    let () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "lim", "on", ">pw", "~*", "&*", "+@all", "-del", "-unlink",
+            ][..],
+        )
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    let store = RedisStore::builder(format!("redis://lim:pw@127.0.0.1:{}", server.port()))
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .expect("store");
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        limiter_with_breaker("resets", policy(), store, FailureMode::Open, DEADLINE)
+    });
+    let (logs, _guard) = tollgate_testkit::logs::capture();
+
+    let d = timed(&limiter, "r").await.unwrap();
+    assert_eq!(d.enforcement, Enforcement::Shared, "decisions still work");
+    match limiter.reset(["r"]).await {
+        Err(Error::Store(e)) => assert_eq!(e.class(), ErrorClass::Script, "{e}"),
+        other => panic!("a refused DEL is a script-class error: {other:?}"),
+    }
+    // Paused: the deadline fires.
+    server.pause();
+    match limiter.reset(["r"]).await {
+        Err(Error::Unavailable { source, .. }) => {
+            assert_eq!(source.class(), ErrorClass::Unavailable, "{source}");
+        }
+        other => panic!("a reset past its deadline is unavailable: {other:?}"),
+    }
+    server.resume();
+    server.kill();
+    match limiter.reset(["r"]).await {
+        Err(Error::Unavailable { source, .. }) => {
+            assert_eq!(source.class(), ErrorClass::Unavailable, "{source}");
+        }
+        other => panic!("a reset on a dead server is unavailable: {other:?}"),
+    }
+
+    let bug = logs.matching(&["ERROR", "rate limiter store error (bug)", "resets"]);
+    assert_eq!(
+        bug.len(),
+        1,
+        "the script error is logged as a bug:\n{}",
+        logs.text()
+    );
+    let snapshot = snapshotter.snapshot().into_vec();
+    let errors = |class| {
+        metric(
+            &snapshot,
+            "tollgate_store_errors_total",
+            &[("operation", "resets"), ("class", class)],
+        )
+    };
+    assert_eq!(
+        (errors("script"), errors("unavailable")),
+        (Some(1.0), Some(2.0)),
+        "one per failed reset round trip, by class"
+    );
+}
+
 type Snapshot = Vec<(
     metrics_util::CompositeKey,
     Option<metrics::Unit>,
