@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 
 use tollgate_core::{
-    Acquire, Algorithm, Decision, Enforcement, ErrorClass, Key, KeyError, Policy, PolicyError,
-    Rate, Store, StoreError, deadline_after,
+    Acquire, Algorithm, Decision, Enforcement, ErrorClass, Key, KeyError, MAX_DURATION, MAX_EXACT,
+    Policy, PolicyError, Rate, Store, StoreError, TokenBucket, deadline_after,
 };
 use tollgate_local::LocalStore;
 
@@ -43,7 +43,10 @@ pub enum FailureMode {
         /// `.into()`).
         local: LocalFallback,
         /// Expected number of instances sharing the quota; the local quota is the shared one
-        /// divided by it (at least 1). Approximate by nature.
+        /// divided by it (at least 1). Approximate by nature. A token bucket's refill rate is
+        /// divided exactly where the result can be expressed; where it cannot (its period
+        /// would pass [`MAX_DURATION`]), the local share refills more slowly, never faster,
+        /// and the limiter logs a warning when it takes the policy.
         expected_instances: u32,
     },
 }
@@ -240,10 +243,11 @@ impl LimiterBuilder {
             missing: "an explicit failure mode (Open, Closed or Degraded)",
         })?;
         let meters = Meters::new(&self.operation);
+        let policy = Active::new(&self.operation, self.policy, &failure_mode);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 operation: self.operation.into(),
-                policy: ArcSwap::from_pointee(Active::new(self.policy, &failure_mode)),
+                policy: ArcSwap::from_pointee(policy),
                 store,
                 failure_mode,
                 timeout: self.timeout,
@@ -291,23 +295,35 @@ struct Active {
 }
 
 impl Active {
-    fn new(policy: Policy, failure_mode: &FailureMode) -> Self {
-        let degraded = match failure_mode.expected_instances() {
-            Some(expected_instances) => {
+    fn new(operation: &str, policy: Policy, failure_mode: &FailureMode) -> Self {
+        let degraded = failure_mode
+            .expected_instances()
+            .and_then(|expected_instances| {
                 let n = u64::from(expected_instances.max(1));
-                let scaled = scale_down(&policy, n);
-                if scaled.is_none() {
+                let Some(share) = scale_down(&policy, n) else {
+                    // An algorithm this version cannot divide (none so far).
                     tracing::warn!(
+                        operation,
                         policy = %policy.to_spec(),
                         expected_instances = n,
                         "cannot divide this policy by the expected instances; degraded \
                          enforcement uses the whole quota on each instance"
                     );
+                    return None;
+                };
+                if !share.approximations.is_empty() {
+                    tracing::warn!(
+                        operation,
+                        policy = %policy.to_spec(),
+                        expected_instances = n,
+                        local = %share.policy.to_spec(),
+                        approximation = %share.approximations.join("; "),
+                        "cannot divide this policy exactly by the expected instances; degraded \
+                         enforcement uses an approximate share on each instance"
+                    );
                 }
-                scaled
-            }
-            None => None,
-        };
+                Some(share.policy)
+            });
         Self { policy, degraded }
     }
 }
@@ -353,7 +369,7 @@ impl Limiter {
     /// they started with). Buckets move to it by its [`Transition`](tollgate_core::Transition)
     /// rule the first time it meets them; see `docs/policy-changes.md`.
     pub fn set_policy(&self, policy: Policy) {
-        let active = Active::new(policy, &self.inner.failure_mode);
+        let active = Active::new(&self.inner.operation, policy, &self.inner.failure_mode);
         self.inner.policy.store(Arc::new(active));
     }
 
@@ -925,46 +941,113 @@ impl Drop for Ticket<'_> {
     }
 }
 
+/// One instance's share of a policy under [`FailureMode::Degraded`].
+struct Share {
+    /// The policy it enforces locally.
+    policy: Policy,
+    /// How the share departs from the policy divided by the instances (the floor of the
+    /// divided capacity or limit aside); empty when it does not.
+    approximations: Vec<&'static str>,
+}
+
+/// A limit below the instance count: each instance still admits one.
+const AT_LEAST_ONE: &str = "the limit is below the expected instances, and each instance \
+    admits at least 1: the fleet may admit up to one per instance";
+
+/// A divided refill rate that no policy can express.
+const SLOWER_REFILL: &str = "the divided refill rate needs a period longer than any policy \
+    takes: the local share refills more slowly than its exact share, so the fleet admits less";
+
 /// The policy one of `n` instances enforces locally: limits divided by `n` (at least 1), with
-/// the policy's generation, transition rule and elapsed-time cap. `None` when the divided
-/// policy cannot be expressed (a refill period times `n` past the exact range).
-fn scale_down(policy: &Policy, n: u64) -> Option<Policy> {
+/// the policy's generation, transition rule and elapsed-time cap. A token bucket's refill rate
+/// is divided exactly when the result can be expressed, and otherwise slowed further (see
+/// [`divided_bucket`]): the share errs on the side of admitting less, never the whole quota.
+/// `None` only for an algorithm this version does not know how to divide.
+fn scale_down(policy: &Policy, n: u64) -> Option<Share> {
     if n <= 1 {
-        return Some(*policy);
+        return Some(Share {
+            policy: *policy,
+            approximations: Vec::new(),
+        });
     }
+    let mut approximations = Vec::new();
+    if policy.limit() < n {
+        approximations.push(AT_LEAST_ONE);
+    }
+    // The limit divided: never above the policy's, so every check the policy passed still holds
+    // (a fixed window's or a sliding log's window is unchanged).
+    let share = (policy.limit() / n).max(1);
     let scaled = match policy.algorithm() {
         Algorithm::TokenBucket(tb) => {
-            let period = tb
-                .refill
-                .period()
-                .checked_mul(u32::try_from(n).unwrap_or(u32::MAX))?;
-            let p = Policy::token_bucket(
-                (tb.capacity / n).max(1),
-                Rate::new(tb.refill.tokens(), period),
-            )
-            .ok()?;
+            let (p, exact) = divided_bucket(share, tb, n)?;
+            if !exact {
+                approximations.push(SLOWER_REFILL);
+            }
             match tb.max_elapsed_micros {
                 Some(cap) => p.with_max_elapsed(Duration::from_micros(cap)).ok()?,
                 None => p,
             }
         }
-        Algorithm::FixedWindow(fw) => Policy::fixed_window(
-            (fw.limit / n).max(1),
-            Duration::from_micros(fw.window_micros),
-        )
-        .ok()?,
-        Algorithm::SlidingLog(sl) => Policy::sliding_log(
-            (sl.limit / n).max(1),
-            Duration::from_micros(sl.window_micros),
-        )
-        .ok()?,
+        Algorithm::FixedWindow(fw) => {
+            Policy::fixed_window(share, Duration::from_micros(fw.window_micros)).ok()?
+        }
+        Algorithm::SlidingLog(sl) => {
+            Policy::sliding_log(share, Duration::from_micros(sl.window_micros)).ok()?
+        }
         _ => return None,
     };
-    Some(
-        scaled
+    Some(Share {
+        policy: scaled
             .with_generation(policy.generation())
             .with_transition(policy.transition()),
-    )
+        approximations,
+    })
+}
+
+/// A token bucket holding `capacity`, refilled at `tb`'s rate divided by `n`: exactly when
+/// that rate can be expressed (`true`), else at the fastest rate that can be and is no faster
+/// (`false`).
+///
+/// The policy keeps its rate reduced: `tb.rate` tokens every `tb.unit` µs, coprime. Divided by
+/// `n` and reduced again, it is `tb.rate / g` tokens every `tb.unit · n / g` µs, with `g` their
+/// gcd: the shortest period the exact share can have. (Multiplying the period as given by `n`
+/// refused 1,000,000 tokens every 30 days over 150 instances — 12 years, past
+/// [`MAX_DURATION`] — where the share is 20,000 every 90 days.) The capacity is at most the
+/// policy's divided by `n` (or 1), so it fits the exact range whenever the policy did.
+///
+/// When even the shortest period passes [`MAX_DURATION`], the period is capped there and the
+/// tokens rounded down (at least 1: one token per [`MAX_DURATION`], the slowest rate any
+/// policy has, may exceed a share slower still).
+fn divided_bucket(capacity: u64, tb: &TokenBucket, n: u64) -> Option<(Policy, bool)> {
+    let g = gcd(tb.rate, n);
+    let (tokens, periods) = (tb.rate / g, n / g);
+    let max_micros = MAX_DURATION.as_micros() as u64;
+    let exact = tb
+        .unit
+        .checked_mul(periods)
+        .filter(|&micros| micros <= max_micros)
+        .and_then(|micros| {
+            Policy::token_bucket(capacity, Rate::new(tokens, Duration::from_micros(micros))).ok()
+        });
+    if let Some(p) = exact {
+        return Some((p, true));
+    }
+    let period = u128::from(tb.unit) * u128::from(periods);
+    let per_max = (u128::from(tokens) * u128::from(max_micros) / period)
+        .clamp(1, u128::from(MAX_EXACT)) as u64;
+    [per_max, 1]
+        .into_iter()
+        .find_map(|tokens| Policy::token_bucket(capacity, Rate::new(tokens, MAX_DURATION)).ok())
+        // Not reached when the policy itself was valid; still never the whole quota.
+        .or_else(|| Policy::token_bucket(1, Rate::new(1, MAX_DURATION)).ok())
+        .map(|p| (p, false))
+}
+
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 #[cfg(test)]
@@ -989,7 +1072,9 @@ mod tests {
             .with_transition(tollgate_core::Transition::Reset)
             .with_max_elapsed(Duration::from_secs(2))
             .unwrap();
-        let s = scale_down(&p, 4).unwrap();
+        let share = scale_down(&p, 4).unwrap();
+        assert!(share.approximations.is_empty());
+        let s = share.policy;
         assert_eq!(s.limit(), 25);
         assert_eq!(s.generation(), 3);
         assert_eq!(s.transition(), tollgate_core::Transition::Reset);
@@ -998,6 +1083,117 @@ mod tests {
         };
         assert!((tb.refill.as_per_second() - 2.5).abs() < 1e-9);
         assert_eq!(tb.max_elapsed_micros, Some(2_000_000), "the cap is kept");
+    }
+
+    /// The refill rate of a token bucket policy, as (tokens, µs).
+    fn refill(p: &Policy) -> (u128, u128) {
+        let Algorithm::TokenBucket(tb) = p.algorithm() else {
+            unreachable!()
+        };
+        (
+            u128::from(tb.refill.tokens()),
+            tb.refill.period().as_micros(),
+        )
+    }
+
+    /// 1,000,000 tokens every 30 days over 150 instances: 6,666 tokens refilled at exactly a
+    /// 150th of the rate. The period multiplied by 150 as given (12 years) is past
+    /// `MAX_DURATION`, which made each instance enforce the whole quota.
+    #[test]
+    fn a_long_refill_period_is_divided_exactly_once_reduced() {
+        let month = Duration::from_secs(30 * 24 * 3600);
+        let p = Policy::token_bucket(1_000_000, Rate::new(1_000_000, month)).unwrap();
+        let share = scale_down(&p, 150).unwrap();
+        assert!(
+            share.approximations.is_empty(),
+            "{:?}",
+            share.approximations
+        );
+        assert_eq!(share.policy.limit(), 6_666);
+        let (tokens, micros) = refill(&share.policy);
+        assert_eq!(tokens * 150 * month.as_micros(), 1_000_000 * micros);
+    }
+
+    /// Over a grid of policies and instance counts, every share divides the capacity (at least
+    /// 1), and refills at exactly the divided rate unless it says it cannot, and then more
+    /// slowly — or at one token per `MAX_DURATION`, the slowest rate a policy has.
+    #[test]
+    fn every_token_bucket_share_divides_the_quota_and_never_refills_faster() {
+        let periods = [
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+            Duration::from_secs(30 * 24 * 3600),
+            Duration::from_secs(9 * 365 * 24 * 3600),
+            MAX_DURATION,
+        ];
+        let mut checked = 0;
+        for capacity in [1, 7, 15, 1_000, 1_000_000] {
+            for tokens in [1, 3, 7, 1_000, 1_000_000] {
+                for period in periods {
+                    let Ok(p) = Policy::token_bucket(capacity, Rate::new(tokens, period)) else {
+                        continue;
+                    };
+                    for n in [2, 3, 150, 10_007, u64::from(u32::MAX)] {
+                        let share = scale_down(&p, n).unwrap();
+                        let s = &share.policy;
+                        assert_eq!(s.limit(), (capacity / n).max(1), "{p:?} / {n}");
+                        assert_eq!(
+                            share.approximations.contains(&AT_LEAST_ONE),
+                            capacity < n,
+                            "{p:?} / {n}"
+                        );
+                        let (t, us) = refill(s);
+                        // The share's rate t/us against the exact tokens / (period · n).
+                        let (share_rate, exact_rate) = (
+                            t * period.as_micros() * u128::from(n),
+                            u128::from(tokens) * us,
+                        );
+                        if share.approximations.contains(&SLOWER_REFILL) {
+                            assert!(
+                                share_rate < exact_rate || (t, us) == (1, MAX_DURATION.as_micros()),
+                                "{p:?} / {n}: {s:?}"
+                            );
+                        } else {
+                            assert_eq!(share_rate, exact_rate, "{p:?} / {n}: {s:?}");
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 300, "{checked}");
+    }
+
+    /// A fixed window's and a sliding log's limit is divided with the window kept, whatever
+    /// the window and the instance count: nothing falls back to the whole quota.
+    #[test]
+    fn windows_divide_their_limit_and_keep_their_window() {
+        for window in [Duration::from_millis(1), MAX_DURATION] {
+            for n in [2, 150, u64::from(u32::MAX)] {
+                for p in [
+                    Policy::fixed_window(MAX_EXACT, window).unwrap(),
+                    Policy::fixed_window(1_000, window).unwrap(),
+                    Policy::sliding_log(1_000, window).unwrap(),
+                ] {
+                    let share = scale_down(&p.with_generation(7), n).unwrap();
+                    assert_eq!(share.policy.limit(), (p.limit() / n).max(1), "{p:?} / {n}");
+                    assert_eq!(share.policy.generation(), 7);
+                    assert_eq!(share.approximations.is_empty(), p.limit() >= n);
+                    let (Algorithm::FixedWindow(a), Algorithm::FixedWindow(b)) =
+                        (p.algorithm(), share.policy.algorithm())
+                    else {
+                        let (Algorithm::SlidingLog(a), Algorithm::SlidingLog(b)) =
+                            (p.algorithm(), share.policy.algorithm())
+                        else {
+                            unreachable!()
+                        };
+                        assert_eq!(a.window_micros, b.window_micros);
+                        continue;
+                    };
+                    assert_eq!(a.window_micros, b.window_micros);
+                }
+            }
+        }
     }
 
     /// A fail-closed limiter of 10 per second on a fresh local store.

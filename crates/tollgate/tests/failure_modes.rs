@@ -553,6 +553,88 @@ async fn failed_resets_are_counted_and_a_script_error_is_logged() {
     );
 }
 
+/// Degraded enforcement divides a token bucket exactly whenever the divided rate can be
+/// expressed: 1,000,000 tokens refilled every 30 days over 150 instances is 6,666 tokens at
+/// 20,000 per 90 days each. The refill period multiplied by 150 unreduced (12.3 years) was
+/// past the longest duration a policy takes (10 years), so the division was refused and each
+/// instance enforced the whole quota — 150 times the quota for the fleet.
+#[tokio::test]
+async fn degraded_mode_divides_a_long_refill_period_exactly() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::builder(server.url())
+        .timeout(timeout)
+        .build()
+        .await
+        .expect("store");
+    let month = Duration::from_secs(30 * 24 * 3600);
+    let policy = Policy::token_bucket(1_000_000, Rate::new(1_000_000, month)).unwrap();
+    let (logs, _guard) = tollgate_testkit::logs::capture();
+    let limiter = limiter_with_breaker(
+        "monthly",
+        policy,
+        store,
+        FailureMode::degraded(150),
+        timeout,
+    );
+    server.kill();
+    let d = timed(&limiter, "t").await.unwrap();
+    assert_eq!(d.enforcement, Enforcement::Degraded);
+    assert_eq!(
+        d.limit, 6_666,
+        "1,000,000 / 150 per instance, not the whole quota"
+    );
+    assert!(d.allowed && d.remaining == 6_665, "{d:?}");
+    assert!(
+        logs.matching(&["WARN", "expected_instances"]).is_empty(),
+        "an exact division warns of nothing:\n{}",
+        logs.text()
+    );
+}
+
+/// Where the divided refill rate cannot be expressed (a period past 10 years even reduced),
+/// degraded enforcement errs on the side of admitting less: the capacity is divided as usual
+/// and the refill is the slowest expressible rate not faster than the divided one, with a
+/// warning — never the whole quota on each instance.
+#[tokio::test]
+async fn degraded_mode_approximates_an_inexpressible_division_conservatively() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::builder(server.url())
+        .timeout(timeout)
+        .build()
+        .await
+        .expect("store");
+    // 15 tokens, 7 more every 9 years; over 2 instances the exact share refills 7 per 18 years,
+    // a period no policy takes.
+    let nine_years = Duration::from_secs(9 * 365 * 24 * 3600);
+    let policy = Policy::token_bucket(15, Rate::new(7, nine_years)).unwrap();
+    let (logs, _guard) = tollgate_testkit::logs::capture();
+    let limiter = limiter_with_breaker("decade", policy, store, FailureMode::degraded(2), timeout);
+    server.kill();
+    for remaining in (0..7).rev() {
+        let d = timed(&limiter, "t").await.unwrap();
+        assert_eq!(d.enforcement, Enforcement::Degraded);
+        assert_eq!(
+            (d.limit, d.allowed, d.remaining),
+            (7, true, remaining),
+            "{d:?}"
+        );
+    }
+    let d = timed(&limiter, "t").await.unwrap();
+    assert!(!d.allowed, "the share of 15 / 2 is spent: {d:?}");
+    // The exact share would give a token back after 18 / 7 years; the approximation is slower.
+    let exact = nine_years * 2 / 7;
+    assert!(d.retry_after.is_some_and(|r| r >= exact), "{d:?}");
+    let warned = logs.matching(&["WARN", "decade", "expected_instances=2"]);
+    assert_eq!(
+        warned.len(),
+        1,
+        "the approximation is logged:\n{}",
+        logs.text()
+    );
+}
+
 type Snapshot = Vec<(
     metrics_util::CompositeKey,
     Option<metrics::Unit>,
