@@ -361,6 +361,12 @@ impl Store for RedisStore {
             deadline_after(now.into_std(), self.inner.timeout).min(deadline),
         );
         let left = at.saturating_duration_since(now);
+        if left.is_zero() {
+            // Past the deadline already: refused before anything is sent (`timeout_at` polls
+            // the call once before it looks at the clock, which sends the pipeline), so a
+            // batch reported as timed out never ran.
+            return Err(StoreError::Timeout(left));
+        }
         let cut = at - cut_margin(left);
         tokio::time::timeout_at(at, self.invoke_many(requests, cut))
             .await
