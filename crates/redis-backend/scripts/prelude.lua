@@ -195,7 +195,8 @@ local function slow()
   --   { arg, raw, force }: the stored record governs (an older caller, a deferral at least as
   --     new as the caller's generation pending, or a newer caller deferring, whose deferral
   --     `raw` then marks, with `force`): decide as a caller of its own policy, `arg`;
-  --   { fresh = true }: the caller's rule is reset: a missing bucket;
+  --   { eff, used = 0 }: the caller's rule is reset: a fresh bucket at the old one's `eff`
+  --     (max(now, its stored time): a clock stepped back never moves the bucket's time back);
   --   { eff, used }: the caller converts the bucket (carry, proportional, or the same
   --     generation): its own bucket at `eff` with `used` of its `total` used (as
   --     tollgate_core's transition::across).
@@ -214,7 +215,7 @@ local function slow()
       end
       return out
     end
-    if rule == 0 then return { fresh = true } end
+    if rule == 0 then return { eff = r.eff, used = 0 } end
     local used
     if rule == 1 then
       local q = r.used % r.unit

@@ -107,17 +107,21 @@ pub(crate) fn convert(
             };
             State::SlidingLog(SlidingLogState { entries })
         }
-        // Across algorithms: `Reset` (or a state that does not match its parameters) starts
-        // fresh at `now`, as a missing bucket would; `Carry` and `Proportional` go through
-        // the old bucket's use (`across`).
+        // Across algorithms: `Carry` and `Proportional` go through the old bucket's use
+        // (`across`); `Reset` starts fresh at the old bucket's effective time, `max(now, its
+        // stored time)`, so a clock stepped back cannot move the bucket's time back and credit
+        // a second fresh allowance when it returns; a state that does not match its
+        // parameters starts fresh at `now`, as a missing bucket would.
         _ => match (rule, usage(from, state, now)) {
             (Transition::Carry | Transition::Proportional, Some(used)) => across(rule, used, to),
-            _ => fresh(to, now),
+            (_, Some(used)) => fresh(to, used.eff),
+            (_, None) => fresh(to, now),
         },
     }
 }
 
-/// A fresh bucket of `to` at `now`: what a missing bucket decides on.
+/// A fresh bucket of `to` at `now`: what a missing bucket decides on (a sliding log keeps no
+/// time when empty).
 fn fresh(to: &Algorithm, now: u64) -> State {
     match to {
         Algorithm::TokenBucket(n) => State::TokenBucket(TokenBucketState {
