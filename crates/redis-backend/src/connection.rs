@@ -1208,7 +1208,10 @@ fn refused_whole(e: &RedisError) -> bool {
 }
 
 /// The commands `chain` of `cmds` one after another, in order, each following its own
-/// redirection ([`cluster_command`]).
+/// redirection ([`cluster_command`]). After a command refused with `NOSCRIPT`, the rest are not
+/// sent and come back refused the same way: the store resends every refused command, in
+/// order, with its source, and a later command must not run before an earlier refused one
+/// (the script cache reloaded between them by another instance would let it).
 async fn one_by_one(
     cluster: &Arc<Cluster>,
     cmds: &[&Cmd],
@@ -1216,9 +1219,23 @@ async fn one_by_one(
     cut: Option<tokio::time::Instant>,
 ) -> Vec<(usize, RedisResult<Value>)> {
     let mut replies = Vec::with_capacity(chain.len());
+    let mut refused = false;
     for &i in chain {
-        let reply = by_cut(cut, cluster_command(cluster, cmds[i])).await;
-        replies.push((i, reply.and_then(Value::extract_error)));
+        let reply = if refused {
+            Err(RedisError::from((
+                ErrorKind::Server(ServerErrorKind::NoScript),
+                "not sent: an earlier request on its key was refused with NOSCRIPT",
+            )))
+        } else {
+            by_cut(cut, cluster_command(cluster, cmds[i]))
+                .await
+                .and_then(Value::extract_error)
+        };
+        refused = refused
+            || reply
+                .as_ref()
+                .is_err_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
+        replies.push((i, reply));
     }
     replies
 }

@@ -607,3 +607,62 @@ async fn a_slot_moving_to_a_newly_joined_node_is_followed() {
         "calls for a bucket on the new node after the move"
     );
 }
+
+/// A batch repeating a key, in the ASK window towards a node whose script cache another
+/// instance keeps losing and reloading. The key's transaction is refused (ASK), so its
+/// requests go one after another; one refused with NOSCRIPT while a later one runs (the cache
+/// reloaded between them) must not be resent after it: request i leaves N - 1 - i.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_in_the_ask_window_keeps_its_order_while_the_script_cache_churns() {
+    use std::sync::atomic::AtomicBool;
+    const N: u64 = 200;
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    // no refill within the test, so the order shows in `remaining`
+    let policy = Policy::token_bucket(N, Rate::new(1, HOUR)).unwrap();
+    let (slot, keys) = keys_in_one_slot(&store, &policy, "askorder", 6);
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let migration = tokio::task::block_in_place(|| cluster.begin_slot_migration(slot, from, to, 0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let mut other = cluster.nodes()[to].client().get_connection().unwrap();
+    let source = tollgate_redis::scripts::all()[0].source().to_owned();
+    let churn = std::thread::spawn(move || {
+        let mut cycles = 0_u64;
+        while !flag.load(Ordering::Relaxed) {
+            let () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut other).unwrap();
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&source)
+                .query(&mut other)
+                .unwrap();
+            cycles += 1;
+        }
+        cycles
+    });
+    let mut out_of_order = Vec::new();
+    for (round, key) in keys.iter().enumerate() {
+        let batch: Vec<tollgate_core::Acquire<'_>> = (0..N)
+            .map(|_| tollgate_core::Acquire::new(key, &policy, 1))
+            .collect();
+        let remaining: Vec<u64> = store
+            .acquire_many(&batch)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.unwrap().remaining)
+            .collect();
+        if let Some(i) = (0..N).position(|i| remaining[i as usize] != N - 1 - i) {
+            out_of_order.push((round, i, remaining[i]));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let cycles = churn.join().unwrap();
+    tokio::task::block_in_place(|| migration.finish());
+    assert!(cycles > 0, "the cache churned");
+    assert!(
+        out_of_order.is_empty(),
+        "rounds applied out of order (round, first index, remaining): {out_of_order:?}"
+    );
+}
