@@ -185,7 +185,9 @@ impl LimiterBuilder {
     /// [`Limiter::check_many`] consults it too: keys it answers are left out of the batch, and
     /// the batch's denials are cached.
     ///
-    /// The cache is per process. A reset reaches every instance's cache when it is made
+    /// The cache is per `Limiter` (clones share it; two limiters built for one operation each
+    /// have their own, and a reset through one does not clear the other's). A reset reaches
+    /// every instance's cache when it is made
     /// through [`crate::registry::PolicyFollower::reset`] (announced over the policy registry, within a
     /// pub/sub round trip); one made only through another instance's [`Limiter::reset`] does
     /// not, and neither does a policy that instance follows before this one does (until this
