@@ -505,15 +505,22 @@ impl<C: Clock> LocalStore<C> {
 
     /// At the cap: sweeps unless a cap sweep ran within [`CAP_SWEEP_GAP_MS`]. Returns whether
     /// the caller should try to reserve a slot once more: a slot was freed, or another call's
-    /// cap sweep within the gap may have freed one (it is waited for if still running, and no
-    /// walk is started for this call, so a flood of new keys cannot turn into one walk each).
+    /// cap sweep within the gap has freed what it could. The gap is claimed only while this
+    /// call holds the sweep, so a call that finds it claimed knows that sweep has finished (no
+    /// walk is started for it: a flood of new keys cannot turn into one walk each).
     fn sweep_at_cap(&self, now_us: u64) -> bool {
         let now_ms = now_us / 1000;
-        if !claim_gap(&self.counters.last_cap_sweep_ms, now_ms, CAP_SWEEP_GAP_MS) {
+        for _ in 0..3 {
+            if self.try_hold_sweep() {
+                if !claim_gap(&self.counters.last_cap_sweep_ms, now_ms, CAP_SWEEP_GAP_MS) {
+                    self.counters.sweeping.store(false, Ordering::Release);
+                    return true;
+                }
+                return self.sweep_held(now_ms) > 0;
+            }
             self.wait_for_sweep();
-            return true;
         }
-        self.sweep_after_any(now_ms) > 0
+        true
     }
 
     /// Sweeps at `now_ms`; if another sweep is under way (periodic, at the cap or a caller's
@@ -540,14 +547,27 @@ impl<C: Clock> LocalStore<C> {
 
     /// Removes the buckets expired at `now_ms`; `None` if another thread is sweeping.
     fn sweep(&self, now_ms: u64) -> Option<usize> {
-        if self
-            .counters
+        self.try_hold_sweep().then(|| self.sweep_held(now_ms))
+    }
+
+    /// Takes the sweep (`sweeping`) if no other thread holds it.
+    fn try_hold_sweep(&self) -> bool {
+        self.counters
             .sweeping
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return None;
+            .is_ok()
+    }
+
+    /// Removes the buckets expired at `now_ms`, with the sweep held; releases it (also if the
+    /// walk unwinds, so no caller waits for a sweep that ended).
+    fn sweep_held(&self, now_ms: u64) -> usize {
+        struct Release<'a>(&'a AtomicBool);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
         }
+        let release = Release(&self.counters.sweeping);
         let mut removed = 0;
         self.map.retain(|k, b| {
             self.settle(k, b);
@@ -562,8 +582,8 @@ impl<C: Clock> LocalStore<C> {
         self.counters
             .sweep_threshold
             .store(self.sweep_every.max(self.len()), Ordering::Release);
-        self.counters.sweeping.store(false, Ordering::Release);
-        Some(removed)
+        drop(release);
+        removed
     }
 }
 

@@ -84,7 +84,14 @@ fn aborted(err: &RedisError) -> StoreError {
     let inner: Vec<RedisError> = err
         .clone()
         .into_server_errors()
-        .map(|errors| errors.iter().map(|(_, e)| e.clone().into()).collect())
+        .map(|errors| {
+            errors
+                .iter()
+                // a plain EXECABORT reply lists itself: classified by its own code below
+                .filter(|(_, e)| e.kind() != Some(ServerErrorKind::ExecAbort))
+                .map(|(_, e)| e.clone().into())
+                .collect()
+        })
         .unwrap_or_default();
     let of_class = |class| inner.iter().find(|e| classify(e).class() == class);
     if let Some(outage) = of_class(ErrorClass::Unavailable) {
@@ -134,6 +141,21 @@ mod tests {
 
     fn class(err: &RedisError) -> ErrorClass {
         classify(err).class()
+    }
+
+    /// A plain `EXECABORT` reply (EXEC's own, no queued errors with it) lists itself as its
+    /// inner error: classified as a script error, never recursing (it overflowed the stack).
+    #[test]
+    fn a_plain_execabort_reply_is_a_script_error() {
+        let err = reply("EXECABORT Transaction discarded because of previous errors.");
+        assert_eq!(err.kind(), ErrorKind::Server(ServerErrorKind::ExecAbort));
+        let class = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || class(&err))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(class, ErrorClass::Script);
     }
 
     #[test]
