@@ -190,12 +190,17 @@ async fn serve_answers_503_under_closed_when_redis_is_killed() {
 }
 
 /// [`SHARED_CONFIG`]'s routes and one that degrades to the local store.
+///
+/// The local store runs on the real clock, and fixed windows are aligned to the epoch
+/// (`floor(now / window)`): the routes here that count across requests on it use token
+/// buckets refilling one token an hour (no whole token within a test), as a fixed window
+/// restarted at the top of the hour (or minute) and broke the counts of a run that crossed it.
 const FALLBACK_ROUTE: &str = r#"
 [[route]]
 name = "fallback"
 path = "/fallback"
 key = "route"
-policy = "fixed-window:limit=4,window=1h"
+policy = "token-bucket:capacity=4,rate=1,period=1h"
 failure_mode = "degraded"
 expected_instances = 2
 "#;
@@ -237,7 +242,7 @@ async fn serve_starts_while_redis_is_down_and_shares_the_quota_once_it_is_up() {
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         let resp = http.get(serve.url("/lenient")).send().await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
-        // 4 per hour over 2 expected instances: 2 here.
+        // 4 tokens over 2 expected instances: 2 here.
         for expected in [
             StatusCode::OK,
             StatusCode::OK,
@@ -332,12 +337,12 @@ async fn serve_runs_the_builtin_policy_file_on_the_local_store() {
     assert_eq!(remaining(&resp), 2);
 }
 
-/// A route at `/`, limit 2 per minute for the whole route, with `method` if given.
+/// A route at `/`, 2 tokens (one more an hour) for the whole route, with `method` if given.
 fn root_route(method: Option<&str>) -> String {
     let method = method.map_or_else(String::new, |m| format!("method = \"{m}\"\n"));
     format!(
         "[[route]]\nname = \"root\"\npath = \"/\"\n{method}key = \"route\"\n\
-         policy = \"fixed-window:limit=2,window=1m\"\nfailure_mode = \"closed\"\n"
+         policy = \"token-bucket:capacity=2,rate=1,period=1h\"\nfailure_mode = \"closed\"\n"
     )
 }
 

@@ -312,7 +312,11 @@ async fn store_outage_is_503_only_where_the_route_fails_closed() {
             .await
             .unwrap(),
     );
-    let policy = Policy::fixed_window(5, Duration::from_secs(60)).unwrap();
+    // A token bucket refilling one token an hour, so no whole token comes back within the test
+    // (a minute's fixed window, aligned to the epoch on Redis's and the fallback's real clocks,
+    // restarted at the top of each minute: the fallback's 429s would be 200s in a run that
+    // crossed it).
+    let policy = Policy::token_bucket(5, Rate::new(1, Duration::from_secs(3600))).unwrap();
     let mut app = Router::new();
     for (name, mode) in [
         ("closed", FailureMode::Closed),

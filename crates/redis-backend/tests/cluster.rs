@@ -16,6 +16,10 @@ use tollgate_testkit::cluster::RedisCluster;
 use tollgate_testkit::conformance::{self, Harness};
 use tollgate_testkit::server::RedisServer;
 
+// Outside the conformance suite the cluster runs on the real clock, and fixed windows are
+// aligned to the epoch (`floor(now / window)`): an hour's window restarts at the top of the
+// hour, so the tests that count across calls use a token bucket refilling one token an hour
+// (no whole token within a test) instead.
 const HOUR: Duration = Duration::from_secs(3600);
 const INSTANCES: usize = 4;
 const TASKS_PER_INSTANCE: usize = 16;
@@ -169,7 +173,7 @@ async fn independent_stores_never_admit_more_than_the_policy_on_a_cluster() {
 async fn a_batch_spanning_every_primary_is_decided_in_order() {
     let cluster = RedisCluster::start(3);
     let store = store(cluster.urls()).await;
-    let policy = Policy::fixed_window(3, HOUR).unwrap();
+    let policy = Policy::token_bucket(3, Rate::new(1, HOUR)).unwrap();
     let keys: Vec<Key> = (0..12)
         .map(|i| Key::new("batch", [format!("k{i}")]).unwrap())
         .collect();
@@ -219,7 +223,7 @@ async fn a_batch_applies_one_keys_requests_in_order() {
     const ROUNDS: usize = 30;
     let cluster = RedisCluster::start(3);
     let store = store(cluster.urls()).await;
-    let policy = Policy::fixed_window(1_000, HOUR).unwrap();
+    let policy = Policy::token_bucket(1_000, Rate::new(1, HOUR)).unwrap();
     let keys: Vec<Key> = (0..6)
         .map(|i| Key::new("ordered", [format!("k{i}")]).unwrap())
         .collect();
@@ -271,7 +275,7 @@ async fn a_batch_repeating_one_key_is_one_round_trip() {
         .build()
         .await
         .expect("cluster store");
-    let policy = Policy::fixed_window(10, HOUR).unwrap();
+    let policy = Policy::token_bucket(10, Rate::new(1, HOUR)).unwrap();
     let key = Key::new("repeated", ["k"]).unwrap();
     let requests = vec![tollgate_core::Acquire::new(&key, &policy, 1); 2_000];
     let started = std::time::Instant::now();
@@ -296,7 +300,7 @@ async fn a_batch_repeating_one_key_is_one_round_trip() {
 async fn a_keys_requests_follow_a_moving_slot() {
     let cluster = RedisCluster::start(3);
     let store = store(cluster.urls()).await;
-    let policy = Policy::fixed_window(1_000, HOUR).unwrap();
+    let policy = Policy::token_bucket(1_000, Rate::new(1, HOUR)).unwrap();
     let key = Key::new("moving", ["k0"]).unwrap();
     let slot = RedisCluster::slot_of(store.redis_key(&key, &policy));
     let remaining = |out: &tollgate_core::Batch| -> Vec<u64> {
@@ -515,7 +519,7 @@ fn await_join(cluster: &RedisCluster, new: &RedisServer, from: usize, new_id: &s
 async fn a_slot_moving_to_a_newly_joined_node_is_followed() {
     let cluster = RedisCluster::start(3);
     let store = store(cluster.urls()).await;
-    let policy = Policy::fixed_window(100, HOUR).unwrap();
+    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
     let key = Key::new("scaleout", ["k0"]).unwrap();
     let rkey = store.redis_key(&key, &policy);
     let slot = RedisCluster::slot_of(&rkey);

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::Server;
-use tollgate_core::{Key, Policy, Store};
+use tollgate_core::{Key, Policy, Rate, Store};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::tls;
 
@@ -29,7 +29,10 @@ fn rediss_urls_connect_over_verified_tls() {
         .unwrap();
     rt.block_on(async {
         let url = format!("rediss://localhost:{tls_port}");
-        let p = Policy::fixed_window(2, Duration::from_secs(3600)).unwrap();
+        // A token bucket refilling one token an hour: no refill within the test (an hour's
+        // fixed window, aligned to the epoch on Redis's real clock, restarted at the top of the
+        // hour and broke the counts of a run that crossed it).
+        let p = Policy::token_bucket(2, Rate::new(1, Duration::from_secs(3600))).unwrap();
         let k = Key::global("tls");
         let multiplexed = RedisStore::builder(url.clone())
             .build()

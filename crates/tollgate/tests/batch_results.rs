@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tollgate::{
-    Acquire, Batch, Decision, Error, FailureMode, Key, Limiter, LocalStore, Policy, Store,
+    Acquire, Batch, Decision, Error, FailureMode, Key, Limiter, LocalStore, Policy, Rate, Store,
     StoreError,
 };
 
@@ -194,7 +194,10 @@ async fn a_batch_takes_an_unbounded_timeout() {
 #[test]
 fn a_batch_failing_whole_counts_every_key_even_the_cached_ones() {
     let (_, snapshotter, _) = flood::run(|| async {
-        let policy = Policy::fixed_window(1, Duration::from_secs(3600)).unwrap();
+        // A token bucket refilling one token an hour: the second check is denied whatever the
+        // time (an hour's fixed window, aligned to the epoch on the local store's real clock,
+        // restarted at the top of the hour and admitted it in a run that crossed it).
+        let policy = Policy::token_bucket(1, Rate::new(1, Duration::from_secs(3600))).unwrap();
         let limiter = Limiter::builder("broken", policy)
             .store(Arc::new(OddBatches::new(Batches::Broken)))
             .failure_mode(FailureMode::Closed)

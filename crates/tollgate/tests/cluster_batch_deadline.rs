@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::{Enforcement, FailureMode, Limiter, Policy};
+use tollgate::{Enforcement, FailureMode, Limiter, Policy, Rate};
 use tollgate_core::Store;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::cluster::RedisCluster;
@@ -22,7 +22,10 @@ async fn a_hung_primary_costs_only_its_own_keys(
         .build()
         .await
         .unwrap();
-    let policy = Policy::fixed_window(3, Duration::from_secs(3600)).unwrap();
+    // A token bucket refilling one token an hour: the second batch leaves 1 of 3 whatever the
+    // time (an hour's fixed window, aligned to the epoch on Redis's real clock, restarted at the
+    // top of the hour and broke the counts of a run that crossed it).
+    let policy = Policy::token_bucket(3, Rate::new(1, Duration::from_secs(3600))).unwrap();
     let limiter = Limiter::builder("partial", policy)
         .store(Arc::new(store.clone()))
         .failure_mode(FailureMode::Open)

@@ -1,11 +1,16 @@
 //! The opt-in deny cache against a real redis-server: a denied key is answered with zero round
 //! trips until its retry instant, and a reset invalidates it.
+//!
+//! Redis's clock is the real one here, and fixed windows are aligned to the epoch
+//! (`floor(now / window)`): an hour's window restarted at the top of the hour (and its cached
+//! denial ended there) in a run that crossed it, so the counting tests use token buckets
+//! refilling one token an hour (no whole token within a test).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::redis::RedisStore;
-use tollgate::{FailureMode, Limiter, Policy};
+use tollgate::{FailureMode, Limiter, Policy, Rate};
 use tollgate_testkit::server::RedisServer;
 
 /// EVALSHA + EVAL calls the server has executed.
@@ -33,7 +38,7 @@ async fn a_denied_key_costs_no_round_trip_until_its_retry_instant() {
     let store = RedisStore::builder(server.url()).build().await.unwrap();
     let limiter = Limiter::builder(
         "abuse",
-        Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
+        Policy::token_bucket(3, Rate::new(1, Duration::from_secs(3600))).unwrap(),
     )
     .store(Arc::new(store))
     .failure_mode(FailureMode::Closed)
@@ -109,7 +114,7 @@ async fn batches_use_the_deny_cache() {
     let store = RedisStore::builder(server.url()).build().await.unwrap();
     let limiter = Limiter::builder(
         "batch-abuse",
-        Policy::fixed_window(2, Duration::from_secs(3600)).unwrap(),
+        Policy::token_bucket(2, Rate::new(1, Duration::from_secs(3600))).unwrap(),
     )
     .store(Arc::new(store))
     .failure_mode(FailureMode::Closed)

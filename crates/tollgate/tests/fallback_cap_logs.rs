@@ -8,7 +8,7 @@ mod flood;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{Enforcement, Error, FailureMode, Limiter, LocalStore, Policy};
+use tollgate::{Enforcement, Error, FailureMode, Limiter, LocalStore, Policy, Rate};
 use tollgate_redis::RedisStore;
 
 const CAP: usize = 4;
@@ -29,9 +29,12 @@ fn a_new_key_flood_at_the_fallbacks_cap_is_logged_boundedly_and_counted_fully() 
             .await
             .unwrap();
         let local = Arc::new(LocalStore::builder().max_keys(CAP).build());
+        // A token bucket refilling one token an hour: the held keys stay held for the test (an
+        // hour's fixed window, aligned to the epoch on the local store's real clock, restarted
+        // at the top of the hour and could free them in a run that crossed it).
         let limiter = Limiter::builder(
             "capped",
-            Policy::fixed_window(3, Duration::from_secs(3600)).unwrap(),
+            Policy::token_bucket(3, Rate::new(1, Duration::from_secs(3600))).unwrap(),
         )
         .store(Arc::new(store))
         .failure_mode(FailureMode::degraded_with(local, 1))

@@ -13,6 +13,12 @@ use tollgate_testkit::server::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
+// Redis's clock is the real one here, and fixed windows are aligned to the epoch
+// (`floor(now / window)`): an hour's window restarted at the top of the hour (ending its counts
+// and cached denials) in a run that crossed it. A test that counts across calls under fixed
+// windows uses 30-day windows; the deny-cache tests use a token bucket of 1 refilling one token
+// an hour (no whole token within a test).
+
 fn spec(text: &str) -> Policy {
     text.parse().unwrap()
 }
@@ -100,7 +106,7 @@ async fn converge(followers: &mut [PolicyFollower], g: u64, within: Duration) ->
 #[tokio::test]
 async fn several_instances_converge_on_a_publication_by_notification_and_by_polling() {
     let server = RedisServer::start();
-    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
+    let g1 = spec("fixed-window:limit=10,window=30d,generation=1,transition=reset");
     registry(&server).await.publish("api", &g1).await.unwrap();
 
     // Three instances by notification (a poll too slow to matter), one by polling alone.
@@ -129,7 +135,7 @@ async fn several_instances_converge_on_a_publication_by_notification_and_by_poll
     assert_eq!(limiters[0].check_key(&key, 4).await.unwrap().remaining, 6);
 
     // Generation 2 by notification.
-    let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
+    let g2 = spec("fixed-window:limit=5,window=30d,generation=2,transition=carry");
     registry(&server).await.publish("api", &g2).await.unwrap();
     let took = converge(&mut followers[..3], 2, Duration::from_secs(5)).await;
     eprintln!("3 instances switched to generation 2 by notification in {took:?}");
@@ -151,7 +157,7 @@ async fn several_instances_converge_on_a_publication_by_notification_and_by_poll
         .query(&mut server.client().get_connection().unwrap())
         .unwrap();
     assert_eq!(killed, 4, "one subscription per follower");
-    let g3 = spec("fixed-window:limit=8,window=1h,generation=3,transition=proportional");
+    let g3 = spec("fixed-window:limit=8,window=30d,generation=3,transition=proportional");
     registry(&server).await.publish("api", &g3).await.unwrap();
     let polled = converge(&mut followers[3..], 3, bound).await;
     eprintln!("after the subscriptions were killed, the polling instance switched in {polled:?}");
@@ -227,14 +233,14 @@ async fn a_follower_brings_every_limiter_to_the_publication_not_just_the_first()
     assert_eq!((ahead.policy(), behind.policy()), (g3, g3));
 }
 
-/// Two instances with deny caches deny one key (a fixed window of 1 per hour: cached for the
-/// hour). A reset through one instance's follower reaches the other's cache: its next check
-/// goes to Redis and is admitted. Through `Limiter::reset` alone it would not: the other
-/// instance keeps answering its cached denial.
+/// Two instances with deny caches deny one key (a token bucket of 1 refilling one an hour:
+/// cached for the hour). A reset through one instance's follower reaches the other's cache:
+/// its next check goes to Redis and is admitted. Through `Limiter::reset` alone it would not:
+/// the other instance keeps answering its cached denial.
 #[tokio::test]
 async fn a_reset_through_a_follower_clears_every_instances_deny_cache() {
     let server = RedisServer::start();
-    let policy = spec("fixed-window:limit=1,window=1h");
+    let policy = spec("token-bucket:capacity=1,rate=1,period=1h");
     let (a, b) = (
         instance_with(&server, policy, Some(100)).await,
         instance_with(&server, policy, Some(100)).await,
@@ -331,7 +337,7 @@ async fn a_follower_converges_after_its_connections_stall() {
 async fn a_reset_reaches_a_follower_whose_subscription_stalled() {
     let server = RedisServer::start();
     let proxy = tollgate_testkit::proxy::FaultProxy::start(server.port());
-    let policy = spec("fixed-window:limit=1,window=1h");
+    let policy = spec("token-bucket:capacity=1,rate=1,period=1h");
     let a = instance_with(&server, policy, Some(100)).await;
     let b = instance_with(&server, policy, Some(100)).await;
     let fa = PolicyFollower::start(
