@@ -823,8 +823,10 @@ pub(crate) struct Cluster {
     /// How to reach a node by address: the first initial node's settings.
     node_info: redis::ConnectionInfo,
     node_config: AsyncConnectionConfig,
-    /// Connections to nodes reached directly, by address.
-    direct: Mutex<std::collections::HashMap<(String, u16), MultiplexedConnection>>,
+    /// Connections to nodes reached directly, by address, each watched for a stall as the
+    /// other connection kinds are ([`Health`]: silence to a probe forgets it, and the next call
+    /// connects afresh).
+    direct: Mutex<std::collections::HashMap<(String, u16), DirectConn>>,
 }
 
 /// A cluster connection and its health (only its probe flag is used: see [`Cluster`]).
@@ -832,6 +834,9 @@ struct TrackedCluster {
     conn: ClusterConnection,
     health: Arc<Health>,
 }
+
+/// A direct connection to a cluster node and its health.
+type DirectConn = (MultiplexedConnection, Arc<Health>);
 
 /// The most nodes reached directly that are remembered at once (they are nodes that joined
 /// while a slot moves to them, so a handful at most; the map is cleared when full).
@@ -922,7 +927,7 @@ impl Cluster {
     }
 
     /// A direct connection to `node`, with the first initial node's settings, remembered.
-    async fn connect_to(&self, node: &(String, u16)) -> RedisResult<MultiplexedConnection> {
+    async fn connect_to(&self, node: &(String, u16)) -> RedisResult<DirectConn> {
         let addr = match self.node_info.addr() {
             redis::ConnectionAddr::TcpTls {
                 insecure,
@@ -940,17 +945,36 @@ impl Cluster {
         let conn = client
             .get_multiplexed_async_connection_with_config(&self.node_config)
             .await?;
+        let held = (conn, Arc::default());
         let mut direct = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
         if direct.len() >= MAX_DIRECT_NODES {
             direct.clear();
         }
-        direct.insert(node.clone(), conn.clone());
-        Ok(conn)
+        direct.insert(node.clone(), held.clone());
+        Ok(held)
+    }
+
+    /// Forgets the direct connection to `node` if it is still the one with `health`.
+    fn forget_direct(&self, node: &(String, u16), health: &Arc<Health>) {
+        let mut direct = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+        if direct
+            .get(node)
+            .is_some_and(|(_, h)| Arc::ptr_eq(h, health))
+        {
+            direct.remove(node);
+        }
     }
 
     /// Sends `cmd` to the node at `host:port` on a direct connection (preceded by `ASKING`
-    /// for `ask`), made on first use. A failed connection is forgotten.
-    async fn direct(&self, host: &str, port: u16, cmd: &Cmd, ask: bool) -> RedisResult<Value> {
+    /// for `ask`), made on first use. A failed connection is forgotten; so is one that a call
+    /// abandoned after [`STALL_FLOOR_US`] suspects and a `PING` does not clear ([`Health`]).
+    async fn direct(
+        self: &Arc<Self>,
+        host: &str,
+        port: u16,
+        cmd: &Cmd,
+        ask: bool,
+    ) -> RedisResult<Value> {
         let node = (host.to_owned(), port);
         let held = self
             .direct
@@ -958,11 +982,18 @@ impl Cluster {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&node)
             .cloned();
-        let mut conn = if let Some(conn) = held {
-            conn
+        let (mut conn, health) = if let Some(held) = held {
+            held
         } else {
             self.connect_to(&node).await?
         };
+        let watched = conn.clone();
+        let flight = InFlight::new(&health, || {
+            let (this, node, stale) = (Arc::clone(self), node.clone(), Arc::clone(&health));
+            probe(watched, Arc::clone(&health), self.probe_limit, move || {
+                this.forget_direct(&node, &stale);
+            });
+        });
         let reply = if ask {
             let mut pipe = Pipeline::with_capacity(2);
             pipe.cmd("ASKING").add_command(cmd.clone());
@@ -976,16 +1007,15 @@ impl Cluster {
         } else {
             conn.req_packed_command(cmd).await
         };
-        if reply.as_ref().is_err_and(|e| {
+        let failed = reply.as_ref().is_err_and(|e| {
             e.is_io_error()
                 || e.is_connection_dropped()
                 || e.is_timeout()
                 || e.kind() == ErrorKind::Io
-        }) {
-            self.direct
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&node);
+        });
+        flight.done(!failed);
+        if failed {
+            self.forget_direct(&node, &health);
         }
         reply.and_then(Value::extract_error)
     }
@@ -1008,7 +1038,7 @@ async fn cluster_command(cluster: &Arc<Cluster>, cmd: &Cmd) -> RedisResult<Value
 
 /// [`cluster_command`] on `conn`.
 async fn follow_redirects(
-    cluster: &Cluster,
+    cluster: &Arc<Cluster>,
     conn: &mut ClusterConnection,
     cmd: &Cmd,
 ) -> RedisResult<Value> {

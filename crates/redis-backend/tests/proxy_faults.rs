@@ -437,3 +437,134 @@ async fn a_cluster_nodes_connection_that_hangs_silently_is_replaced() {
         outcomes.last()
     );
 }
+
+/// `args` run on `server` on a fresh connection with 500 ms timeouts.
+fn run_on(server: &RedisServer, args: &[&str]) -> redis::Value {
+    let mut conn = server
+        .client()
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn).unwrap()
+}
+
+/// [`run_on`]'s reply as text.
+fn text_of(server: &RedisServer, args: &[&str]) -> String {
+    match run_on(server, args) {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        redis::Value::VerbatimString { text, .. } => text,
+        redis::Value::SimpleString(s) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A node that joined the cluster after the store connected is reached on a direct connection
+/// while a slot moves to it (the ASK window). When that connection's path dies silently, it
+/// is probed and forgotten like any other stalled connection, and the next call connects
+/// afresh: the store serves the key again within a few seconds (it timed out every call for
+/// the whole window: 45 of 45 over 5 s, no new connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_direct_connection_to_a_joining_node_is_replaced() {
+    use tollgate_testkit::cluster::RedisCluster;
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .timeout(DEADLINE)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let policy = policy();
+    let key = key(0);
+    let rkey = store.redis_key(&key, &policy);
+    let slot = RedisCluster::slot_of(&rkey);
+    store.acquire(&key, &policy, 1).await.unwrap();
+
+    // A fourth, empty primary, reached (as it announces) through the proxy.
+    let new = RedisServer::builder()
+        .extra_args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ])
+        .start();
+    let proxy = FaultProxy::start(new.port());
+    let bus = (new.port() + 10_000).to_string();
+    let announced = proxy.port().to_string();
+    run_on(&new, &["CONFIG", "SET", "cluster-announce-bus-port", &bus]);
+    run_on(
+        &new,
+        &["CONFIG", "SET", "cluster-announce-port", &announced],
+    );
+    let new_id = text_of(&new, &["CLUSTER", "MYID"]);
+    let from = cluster.node_for_slot(slot);
+    let from_id = cluster.node_id(from).to_owned();
+    let new_port = new.port().to_string();
+    run_on(
+        &cluster.nodes()[0],
+        &["CLUSTER", "MEET", "127.0.0.1", &new_port],
+    );
+    let started = Instant::now();
+    loop {
+        let joined = cluster.nodes().iter().chain([&new]).all(|n| {
+            let info = text_of(n, &["CLUSTER", "INFO"]);
+            info.contains("cluster_known_nodes:4\r") && info.contains("cluster_state:ok")
+        }) && text_of(&new, &["CLUSTER", "NODES"]).contains(&from_id)
+            && text_of(&cluster.nodes()[from], &["CLUSTER", "NODES"])
+                .contains(&format!("{new_id} 127.0.0.1:{announced}"));
+        if joined {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "join");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let slot_s = slot.to_string();
+    run_on(
+        &new,
+        &["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id],
+    );
+    run_on(
+        &cluster.nodes()[from],
+        &["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &new_id],
+    );
+    run_on(
+        &cluster.nodes()[from],
+        &["MIGRATE", "127.0.0.1", &new_port, &rkey, "0", "5000"],
+    );
+
+    // The ASK window: the store follows the ASK to the new node on a direct connection.
+    store.acquire(&key, &policy, 1).await.unwrap();
+    let before = proxy.stats().accepted;
+    assert!(before >= 1, "the new node is reached through the proxy");
+
+    // The direct connection's path dies without a reset.
+    proxy.stall_open();
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    while started.elapsed() < RECOVERY {
+        match store.acquire(&key, &policy, 1).await {
+            Ok(_) => {
+                eprintln!(
+                    "direct silent hang: recovered after {:?} over {} new connection(s)",
+                    started.elapsed(),
+                    proxy.stats().accepted - before
+                );
+                return;
+            }
+            Err(e) => failed.push(e),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "no recovery within {RECOVERY:?}: {} calls failed, {} new connection(s) to the node",
+        failed.len(),
+        proxy.stats().accepted - before,
+    );
+}
