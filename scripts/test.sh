@@ -15,11 +15,16 @@ if [ ${#need[@]} -gt 0 ]; then
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y redis-server redis-tools redis-sentinel "${need[@]}"
-fi
-# Debian's package may start a system redis on 6379; tests never use it, but stop it so it
-# cannot take CPU from the suite.
-if command -v systemctl >/dev/null 2>&1; then
-    systemctl stop redis-server redis-sentinel >/dev/null 2>&1 || true
+    # A package just installed may start a system redis on 6379 or a sentinel; tests never
+    # use them, so stop the ones this script installed, that they cannot take CPU from the
+    # suite. A Redis the machine already had is left alone.
+    started=()
+    for pkg in "${need[@]}"; do
+        case "$pkg" in redis-server | redis-sentinel) started+=("$pkg") ;; esac
+    done
+    if [ ${#started[@]} -gt 0 ] && command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl stop "${started[@]}" >/dev/null 2>&1 || true
+    fi
 fi
 
 cargo test --workspace --all-targets "$@"
