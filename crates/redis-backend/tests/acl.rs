@@ -34,6 +34,7 @@ const RULES: &[&str] = &[
     "+set",
     "+time",
     "+pexpiretime",
+    "+ping",
 ];
 
 const HOUR: Duration = Duration::from_secs(3600);
