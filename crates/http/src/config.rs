@@ -38,7 +38,7 @@
 //! | `cost` | no | an integer (default 1) or `{ header = "x-cost", default = 1, min = 1, max = 100 }` |
 //! | `policy` | yes | a policy spec, e.g. `"token-bucket:capacity=10,rate=2"` |
 //! | `failure_mode` | yes | `"open"`, `"closed"` or `"degraded"` |
-//! | `expected_instances` | no | with `degraded`: divide the local quota by this (default 1) |
+//! | `expected_instances` | with `degraded` | the instances sharing the quota: each enforces the quota divided by this while the store is down; refused with `open` or `closed` |
 //! | `timeout` | no | deadline of one store call, a duration with its unit as policy windows take it, e.g. `"100ms"`, `"1s 500ms"`, `"1h"` (default 250 ms) |
 //!
 //! Top level: `legacy_headers = true|false`, a `[proxies]` table with `trusted = [CIDR...]`
@@ -103,7 +103,7 @@ pub enum FailureChoice {
     Open,
     /// `failure_mode = "closed"`.
     Closed,
-    /// `failure_mode = "degraded"` with `expected_instances`.
+    /// `failure_mode = "degraded"` with `expected_instances` (required).
     Degraded {
         /// Instances sharing the quota.
         expected_instances: u32,
@@ -498,47 +498,43 @@ impl Validator<'_> {
         raw: &RawRoute,
         field: &dyn Fn(&str) -> String,
     ) -> Result<FailureChoice, ConfigError> {
-        let failure = match raw.failure_mode.get_ref().as_str() {
-            "open" => FailureChoice::Open,
-            "closed" => FailureChoice::Closed,
-            "degraded" => FailureChoice::Degraded {
-                expected_instances: 1,
-            },
-            other => {
-                return self.err(
-                    &raw.failure_mode.span(),
-                    &field("failure_mode"),
-                    format_args!("{other:?} is not \"open\", \"closed\" or \"degraded\""),
-                );
-            }
-        };
-        let failure = match (&raw.expected_instances, failure) {
-            (None, f) => f,
-            (Some(n), FailureChoice::Degraded { .. }) => match u32::try_from(*n.get_ref()) {
-                Ok(n) if n >= 1 => FailureChoice::Degraded {
+        let mode = raw.failure_mode.get_ref().as_str();
+        match (mode, &raw.expected_instances) {
+            ("open", None) => Ok(FailureChoice::Open),
+            ("closed", None) => Ok(FailureChoice::Closed),
+            // No default: the count decides how much of the quota each instance enforces on
+            // its own, so a missing one would silently be the whole quota on every instance.
+            ("degraded", None) => self.err(
+                &raw.failure_mode.span(),
+                &field("expected_instances"),
+                "required with failure_mode = \"degraded\": the number of instances sharing \
+                 the quota (each enforces its share locally while the store is down)",
+            ),
+            ("degraded", Some(n)) => match u32::try_from(*n.get_ref()) {
+                Ok(n) if n >= 1 => Ok(FailureChoice::Degraded {
                     expected_instances: n,
-                },
-                _ => {
-                    return self.err(
-                        &n.span(),
-                        &field("expected_instances"),
-                        format_args!(
-                            "must be an integer from 1 to {}, got {}",
-                            u32::MAX,
-                            n.get_ref()
-                        ),
-                    );
-                }
-            },
-            (Some(n), _) => {
-                return self.err(
+                }),
+                _ => self.err(
                     &n.span(),
                     &field("expected_instances"),
-                    "only applies with failure_mode = \"degraded\"",
-                );
-            }
-        };
-        Ok(failure)
+                    format_args!(
+                        "must be an integer from 1 to {}, got {}",
+                        u32::MAX,
+                        n.get_ref()
+                    ),
+                ),
+            },
+            ("open" | "closed", Some(n)) => self.err(
+                &n.span(),
+                &field("expected_instances"),
+                "only applies with failure_mode = \"degraded\"",
+            ),
+            (other, _) => self.err(
+                &raw.failure_mode.span(),
+                &field("failure_mode"),
+                format_args!("{other:?} is not \"open\", \"closed\" or \"degraded\""),
+            ),
+        }
     }
 
     fn timeout(
@@ -807,6 +803,46 @@ failure_mode = "closed"
             .collect();
         assert_eq!(algorithms.len(), 3, "{algorithms:?}");
         assert!(file.legacy_headers);
+    }
+
+    /// A degraded route must say how many instances share its quota: there is no default,
+    /// which would have every instance enforce the whole quota on its own during an outage.
+    #[test]
+    fn a_degraded_route_without_expected_instances_is_refused() {
+        let degraded = ROUTE.replace("\"closed\"", "\"degraded\"");
+        assert_eq!(degraded.lines().nth(6), Some("failure_mode = \"degraded\""));
+        let e = error(&degraded);
+        assert_eq!(
+            (e.line, e.column, e.field.as_str()),
+            (7, 16, "route[0].expected_instances"),
+            "{e}"
+        );
+        assert!(
+            e.message
+                .starts_with("required with failure_mode = \"degraded\""),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "line 7, column 16: route[0].expected_instances: {}",
+                e.message
+            )
+        );
+
+        let file = PolicyFile::parse(&format!("{degraded}expected_instances = 3\n")).unwrap();
+        assert_eq!(
+            file.routes[0].failure,
+            FailureChoice::Degraded {
+                expected_instances: 3
+            }
+        );
+        let e = error(&format!("{degraded}expected_instances = 0\n"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "route[0].expected_instances"),
+            "{e}"
+        );
     }
 
     #[test]
