@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Make one decision and print it as JSON.
+    /// Make one decision and print it as JSON. Without --redis, on a fresh in-process store:
+    /// every invocation starts from a full bucket.
     Check(CheckArgs),
     /// Run a bounded load from several independent limiter instances and print a summary.
     Load(load::LoadArgs),
@@ -41,8 +42,9 @@ enum Command {
 /// Where buckets live.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct StoreArgs {
-    /// Use the Redis store at this URL (redis://, rediss://, redis://user:pass@host:port).
-    /// Without it, the embedded local store is used.
+    /// Use the Redis server at this URL (redis://host:port, redis://user:pass@host:port/db;
+    /// one server: no Sentinel or Cluster, and no rediss://, this binary is built without
+    /// TLS). Without it, the embedded local store is used.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
     /// Key prefix in Redis.

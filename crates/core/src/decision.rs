@@ -33,7 +33,14 @@ impl Enforcement {
 pub struct Decision {
     /// Whether the request was admitted (its cost was consumed).
     pub allowed: bool,
-    /// The policy's limit: token-bucket capacity or the per-window limit.
+    /// The limit the decision was made under: token-bucket capacity or the per-window limit.
+    /// Usually the caller's policy's; a bucket written by a newer generation, or one still
+    /// governed by its old parameters while a
+    /// [`DeferUntilExpiry`](crate::Transition::DeferUntilExpiry) change waits, is decided
+    /// under its stored parameters and gives their limit. Under
+    /// [`Enforcement::Degraded`], this instance's share of the quota (the local limit, the
+    /// policy's divided by the expected instances); under [`Enforcement::Bypassed`], the
+    /// policy's.
     pub limit: u64,
     /// Whole units left after this decision.
     pub remaining: u64,

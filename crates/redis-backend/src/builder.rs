@@ -25,11 +25,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Connections in the pool a store uses unless [`RedisStoreBuilder::multiplexed`] or
-/// [`RedisStoreBuilder::pool`] says otherwise. A pool is the default because it was faster
-/// than one multiplexed connection in `benches/scripts/redis-compare.sh` (token bucket,
-/// 100,000 keys, Redis 7.0 on loopback: 98k vs 66k decisions/s with 16 tasks, 129k vs 125k
-/// with 64, equal with 1 and 4) and no slower anywhere; 4 connections did as well as 16 or
-/// 64 (BENCHMARKS.md).
+/// [`RedisStoreBuilder::pool`] says otherwise. A pool is the default because it was the faster
+/// in the side-by-side runs of `benches/scripts/redis-compare.sh`: ahead of one multiplexed
+/// connection with 16 concurrent callers in most runs, level with 64. Larger pools gained
+/// little (their lead over 4 stayed within the host's spread), and 4 keeps the fewest
+/// connections per process for the same throughput. BENCHMARKS.md has the figures (goal 7).
 pub const DEFAULT_POOL_SIZE: u32 = 4;
 
 /// The longest key prefix accepted, in bytes.
@@ -340,7 +340,13 @@ impl RedisStoreBuilder {
     /// Fails with [`StoreError::InvalidKey`] for a bad prefix, and with
     /// [`StoreError::Unavailable`] for an unparsable URL (`redis://`, `rediss://` with the
     /// `tls` feature, `redis://user:password@host:port/db`), an empty list of sentinels or
-    /// cluster nodes, or Redis that cannot be reached within the connect timeout.
+    /// cluster nodes, or a Redis that refuses or drops the connection. One that does not answer
+    /// within the connect timeout (which bounds connecting and loading the scripts together)
+    /// fails it with [`StoreError::Timeout`], or `Unavailable` where the connection attempt's
+    /// own timeout fires first; both are of class
+    /// [`ErrorClass::Unavailable`](tollgate_core::ErrorClass::Unavailable). No failure mode
+    /// applies here: a service that must start while Redis is down uses
+    /// [`build_lazy`](Self::build_lazy).
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         check_prefix(&self.prefix)?;
         let store = async {
