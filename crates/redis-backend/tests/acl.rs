@@ -6,6 +6,11 @@
 //! A user missing any of those rights gets a loud [`StoreError::Script`]: a misconfiguration,
 //! never mistaken for an outage, so a [`Limiter`] reports it as [`Error::Store`] instead of
 //! switching to its failure mode (no `Bypassed` or `Degraded` decision hides it).
+//!
+//! Behind Sentinel and on a Cluster the same user needs a few rights more
+//! ([`SENTINEL_RULES`], [`CLUSTER_RULES`]), proven on real topologies, each shown needed. One
+//! missing there is not loud: without `+asking`, a key a slot migration already moved is
+//! `Unavailable` until the migration ends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +18,8 @@ use std::time::Duration;
 use tollgate::{BreakerState, Error, FailureMode, Limiter};
 use tollgate_core::{Acquire, ErrorClass, Key, Policy, Rate, Store, StoreError, Transition};
 use tollgate_redis::RedisStore;
+use tollgate_testkit::cluster::RedisCluster;
+use tollgate_testkit::sentinel::SentinelCluster;
 use tollgate_testkit::server::RedisServer;
 
 const USER: &str = "tollgate";
@@ -36,6 +43,14 @@ const RULES: &[&str] = &[
     "+pexpiretime",
     "+ping",
 ];
+
+/// The documented rules added behind Sentinel, on every data node (docs/security.md): redis-rs
+/// checks with `ROLE` that the node the sentinels name is a primary.
+const SENTINEL_RULES: &[&str] = &["+role"];
+
+/// The documented rules added on a Cluster, on every node (docs/security.md): the slot map
+/// (`CLUSTER SLOTS`) and following an `ASK` (`ASKING`).
+const CLUSTER_RULES: &[&str] = &["+cluster|slots", "+asking"];
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// The fixed window's length: Redis's clock is the real one here, and fixed windows are aligned
@@ -63,6 +78,25 @@ fn rules_without(drop: &str, extra: &[&'static str]) -> Vec<&'static str> {
     let mut rules: Vec<&str> = RULES.iter().copied().filter(|r| *r != drop).collect();
     rules.extend_from_slice(extra);
     rules
+}
+
+/// The documented rules with `extra` appended.
+fn rules_with(extra: &[&'static str]) -> Vec<&'static str> {
+    RULES.iter().chain(extra).copied().collect()
+}
+
+/// The documented rules plus the documented topology rules `topology` but `drop`.
+fn rules_with_all_but(topology: &[&'static str], drop: &str) -> Vec<&'static str> {
+    let rest: Vec<&'static str> = topology.iter().copied().filter(|r| *r != drop).collect();
+    rules_with(&rest)
+}
+
+fn acl_log_reset(server: &RedisServer) {
+    redis::cmd("ACL")
+        .arg("LOG")
+        .arg("RESET")
+        .exec(&mut admin(server))
+        .unwrap();
 }
 
 fn url(server: &RedisServer) -> String {
@@ -140,7 +174,9 @@ fn acl_denials(server: &RedisServer) -> Vec<(String, String)> {
     out
 }
 
-async fn exercise(store: &RedisStore, server: &RedisServer) {
+/// Acquire, peek, batch and reset for every algorithm, with the script cache lost (`flush`
+/// empties it wherever the keys live) before a single and a batched call.
+async fn exercise(store: &RedisStore, flush: &dyn Fn()) {
     let k = Key::new("acl", ["alice"]).unwrap();
     let other = Key::new("acl", ["bob"]).unwrap();
     for p in &policies() {
@@ -165,9 +201,9 @@ async fn exercise(store: &RedisStore, server: &RedisServer) {
         store.reset(&k, p).await.unwrap();
         assert_eq!(store.peek(&k, p, 1).await.unwrap().remaining, 2, "{p}");
         // The script cache is lost (restart, failover, SCRIPT FLUSH): EVAL reloads it.
-        server.script_flush();
+        flush();
         assert!(store.acquire(&k, p, 3).await.unwrap().allowed, "{p}");
-        server.script_flush();
+        flush();
         let ds: Vec<_> = store.acquire_many(&batch).await.unwrap();
         let ds: Vec<_> = ds.into_iter().map(Result::unwrap).collect();
         assert!(!ds[0].allowed && !ds[1].allowed, "{p}: {ds:?}");
@@ -184,7 +220,7 @@ async fn tollgate_works_under_the_least_privilege_acl_user() {
         let store = store(&server, pooled)
             .await
             .expect("build under the ACL user");
-        exercise(&store, &server).await;
+        exercise(&store, &|| server.script_flush()).await;
         defer(&store).await;
         let limiter = Limiter::builder("acl", policies()[0])
             .store(Arc::new(store))
@@ -368,4 +404,249 @@ async fn credentials_revoked_at_runtime_are_not_an_outage() {
         "after the user is deleted: {outcomes:?}"
     );
     println!("calls after ACL DELUSER: {outcomes:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sentinel and Cluster
+
+/// Polls `done` every 50 ms until it holds.
+///
+/// # Panics
+/// If it does not within `timeout`.
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `ROLE`'s first field (`master`, `slave`) of `server`, as the default user.
+fn role(server: &RedisServer) -> Option<String> {
+    let mut conn = server
+        .client()
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut conn).ok()?;
+    redis::from_redis_value(role.first()?.clone()).ok()
+}
+
+fn sentinel_store(topology: &SentinelCluster) -> tollgate_redis::RedisStoreBuilder {
+    RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+        .primary_credentials(USER, PASSWORD)
+        .timeout(Duration::from_secs(5))
+}
+
+/// Behind Sentinel: the data nodes (primary and replica) have the user with the documented
+/// rules plus [`SENTINEL_RULES`] (`ACL SETUSER` is not replicated: it is set on each); the
+/// sentinels keep their `default` user (the sentinel URLs carry only the sentinels' own
+/// credentials). The store decides, reloads its scripts and follows a `SENTINEL FAILOVER` with
+/// nothing in `ACL LOG`; without a rule of [`SENTINEL_RULES`] it cannot resolve the primary.
+#[tokio::test]
+async fn behind_sentinel_the_data_nodes_need_exactly_the_documented_rules() {
+    let topology = SentinelCluster::start("acl");
+    let set_all = |rules: &[&str]| {
+        for server in topology.data_servers() {
+            set_user(server, rules);
+        }
+    };
+    let reset_logs = || topology.data_servers().iter().for_each(acl_log_reset);
+
+    // Each rule is needed: redis-rs asks the named node `ROLE`, then, refused, `INFO
+    // replication`; both refused, it reports `ROLE`'s refusal and `build` fails loudly.
+    for drop in SENTINEL_RULES {
+        set_all(&rules_with_all_but(SENTINEL_RULES, drop));
+        let err = sentinel_store(&topology).build().await.unwrap_err();
+        assert_refused(&err, drop.trim_start_matches('+'));
+        let primary = &topology.data_servers()[topology.current_primary_index()];
+        let denied = acl_denials(primary);
+        for command in ["role", "info"] {
+            assert!(
+                denied.contains(&("command".to_owned(), command.to_owned())),
+                "without {drop}: {denied:?}"
+            );
+        }
+        reset_logs();
+    }
+    // `+info` in place of `+role` would do too (the fallback), but opens the whole of `INFO`.
+    set_all(&rules_with(&["+info"]));
+    let store = sentinel_store(&topology)
+        .build()
+        .await
+        .expect("build with +info instead of +role");
+    let k = Key::new("acl", ["info"]).unwrap();
+    assert!(store.acquire(&k, &policies()[1], 1).await.unwrap().allowed);
+    drop(store);
+    reset_logs();
+
+    set_all(&rules_with(SENTINEL_RULES));
+    let store = sentinel_store(&topology)
+        .build()
+        .await
+        .expect("build behind Sentinel under the documented rules");
+    let primary = &topology.data_servers()[topology.current_primary_index()];
+    exercise(&store, &|| primary.script_flush()).await;
+    defer(&store).await;
+
+    // A failover: the store meets the old primary (now read-only), asks the sentinels again,
+    // checks the promoted replica's ROLE and reloads its scripts there (`EVAL`).
+    let k = Key::new("acl", ["failover"]).unwrap();
+    let p = policies()[1];
+    assert_eq!(store.acquire(&k, &p, 1).await.unwrap().remaining, 2);
+    topology.wait_replica_synced(Duration::from_secs(10));
+    let old = topology.current_primary_index();
+    let sentinel = &topology.sentinels()[0];
+    // Refused (NOGOODSLAVE) until the sentinel has a fresh view of the replica's link.
+    wait_until(
+        "SENTINEL FAILOVER accepted",
+        Duration::from_secs(15),
+        || {
+            redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(topology.master_name())
+                .exec(&mut admin(sentinel))
+                .is_ok()
+        },
+    );
+    wait_until("the roles swap", Duration::from_secs(20), || {
+        let data = topology.data_servers();
+        topology.current_primary_index() != old
+            && role(&data[1 - old]).as_deref() == Some("master")
+            && role(&data[old]).as_deref() == Some("slave")
+    });
+    let start = std::time::Instant::now();
+    let d = loop {
+        match store.acquire(&k, &p, 1).await {
+            Ok(d) => break d,
+            Err(e) => {
+                assert_eq!(e.class(), ErrorClass::Unavailable, "{e}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "no recovery: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(d.remaining, 1, "the bucket survived the failover");
+    exercise(&store, &|| topology.data_servers()[1 - old].script_flush()).await;
+
+    for (index, server) in topology.data_servers().iter().enumerate() {
+        assert_eq!(
+            acl_denials(server),
+            vec![],
+            "ACL LOG of data server {index} has denials"
+        );
+    }
+}
+
+/// `err` is the loud refusal of `command` (`NOPERM`, a `Script`-class error).
+fn assert_refused(err: &StoreError, command: &str) {
+    assert_eq!(err.class(), ErrorClass::Script, "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("no permissions to run the '{command}' command")),
+        "{err}"
+    );
+}
+
+fn cluster_store(cluster: &RedisCluster) -> tollgate_redis::RedisStoreBuilder {
+    RedisStore::cluster(cluster.nodes().iter().map(url)).timeout(Duration::from_secs(5))
+}
+
+/// On a Cluster: every node has the user with the documented rules plus [`CLUSTER_RULES`]
+/// (given to the store in the node URLs). The store decides, reloads its scripts, follows a
+/// slot migration's `ASK` (the bucket already moved to the importing node) and then its `MOVED`,
+/// with nothing in `ACL LOG`; without a rule of [`CLUSTER_RULES`] it fails loudly.
+#[tokio::test]
+async fn on_a_cluster_every_node_needs_exactly_the_documented_rules() {
+    let cluster = RedisCluster::start(3);
+    let set_all = |rules: &[&str]| {
+        for node in cluster.nodes() {
+            set_user(node, rules);
+        }
+    };
+    let flush_all = || cluster.nodes().iter().for_each(RedisServer::script_flush);
+    let reset_logs = || cluster.nodes().iter().for_each(acl_log_reset);
+
+    set_all(&rules_with(CLUSTER_RULES));
+    let store = cluster_store(&cluster)
+        .build()
+        .await
+        .expect("build on the cluster under the documented rules");
+    exercise(&store, &flush_all).await;
+    defer(&store).await;
+
+    // The ASK window: the bucket moved to the importing node, the source answers ASK.
+    let k = Key::new("acl", ["migrating"]).unwrap();
+    let slot = RedisCluster::slot_of("tollgate:{acl:migrating}");
+    let p = policies()[1];
+    assert_eq!(store.acquire(&k, &p, 1).await.unwrap().remaining, 2);
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % cluster.nodes().len();
+    let migration = cluster.begin_slot_migration(slot, from, to, 100);
+    assert_eq!(migration.keys_moved(), 1);
+    assert_eq!(store.acquire(&k, &p, 1).await.unwrap().remaining, 1);
+    assert_eq!(store.peek(&k, &p, 1).await.unwrap().remaining, 0);
+    let batch = [Acquire {
+        key: &k,
+        policy: &p,
+        cost: 1,
+    }];
+    let d = store.acquire_many(&batch).await.unwrap().remove(0).unwrap();
+    assert!(d.allowed && d.remaining == 0, "{d:?}");
+    // NOSCRIPT on the importing node: EVAL, after ASKING.
+    cluster.nodes()[to].script_flush();
+    assert!(!store.acquire(&k, &p, 1).await.unwrap().allowed);
+    store.reset(&k, &p).await.unwrap();
+    assert_eq!(store.peek(&k, &p, 1).await.unwrap().remaining, 2);
+    assert_eq!(store.acquire(&k, &p, 1).await.unwrap().remaining, 2);
+    migration.finish();
+    // The slot moved: MOVED, and the slot map is read again.
+    assert_eq!(store.acquire(&k, &p, 1).await.unwrap().remaining, 1);
+    exercise(&store, &flush_all).await;
+    for (index, node) in cluster.nodes().iter().enumerate() {
+        assert_eq!(
+            acl_denials(node),
+            vec![],
+            "ACL LOG of node {index} has denials"
+        );
+    }
+
+    // Without `+cluster|slots` the slot map cannot be read: `build` fails, and a running store
+    // fails at the first `MOVED` (it reads the map again).
+    set_all(&rules_with_all_but(CLUSTER_RULES, "+cluster|slots"));
+    let err = cluster_store(&cluster).build().await.unwrap_err();
+    assert_refused(&err, "cluster|slots");
+    cluster.migrate_slot(slot, to, from);
+    let err = store.acquire(&k, &p, 1).await.unwrap_err();
+    assert_refused(&err, "cluster|slots");
+    reset_logs();
+
+    // Without `+asking`, the store builds and decides, but a key already moved to the
+    // importing node cannot be reached during a migration: `ASKING` is refused, the importing
+    // node answers `MOVED` back to the source, and the call fails. Not loudly: the error is
+    // `Unavailable` ("key moved"), so a fail-open limiter bypasses such keys, and a degraded
+    // one enforces them locally, for as long as the migration lasts.
+    set_all(&rules_with_all_but(CLUSTER_RULES, "+asking"));
+    let store = cluster_store(&cluster)
+        .build()
+        .await
+        .expect("build without +asking");
+    assert!(store.acquire(&k, &p, 1).await.unwrap().allowed);
+    let migration = cluster.begin_slot_migration(slot, from, to, 100);
+    assert_eq!(migration.keys_moved(), 1);
+    let err = store.acquire(&k, &p, 1).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Unavailable, "{err}");
+    assert!(err.to_string().contains("moved"), "{err}");
+    let denied = acl_denials(&cluster.nodes()[to]);
+    assert!(
+        denied.contains(&("command".to_owned(), "asking".to_owned())),
+        "{denied:?}"
+    );
+    migration.finish();
+    assert!(store.acquire(&k, &p, 1).await.is_ok());
 }
