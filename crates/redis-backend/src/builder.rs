@@ -98,13 +98,13 @@ impl fmt::Debug for PrimaryAuth {
 }
 
 impl PrimaryAuth {
-    /// The settings redis-rs connects to the primary with; `None` for its defaults (no
-    /// authentication, database 0).
-    fn node_connection_info(&self) -> Option<SentinelNodeConnectionInfo> {
-        if *self == Self::default() {
-            return None;
-        }
-        let mut info = RedisConnectionInfo::default().set_db(self.db);
+    /// The settings redis-rs connects to the primary with: these credentials and database,
+    /// over RESP3.
+    fn node_connection_info(&self) -> SentinelNodeConnectionInfo {
+        // RESP3 always, so a closed primary connection is noticed while idle (see `with_resp3`)
+        let mut info = RedisConnectionInfo::default()
+            .set_db(self.db)
+            .set_protocol(redis::ProtocolVersion::RESP3);
         if let Some(username) = &self.username {
             info = info.set_username(username);
         }
@@ -112,11 +112,11 @@ impl PrimaryAuth {
             info = info.set_password(password);
         }
         let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
-        Some(if self.tls {
+        if self.tls {
             node.set_tls_mode(redis::TlsMode::Secure)
         } else {
             node
-        })
+        }
     }
 }
 
@@ -426,8 +426,10 @@ impl RedisStoreBuilder {
         };
         match &self.target {
             Target::Url(url) => {
-                let client =
-                    redis::Client::open(url.as_str()).map_err(|e| invalid("Redis URL", e))?;
+                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                    .map_err(|e| invalid("Redis URL", e))?;
+                let client = redis::Client::open(with_resp3(url, info))
+                    .map_err(|e| invalid("Redis URL", e))?;
                 // No response timeout from redis-rs (its default is 500 ms, which would cut
                 // short calls the store gives longer): the store's own deadline bounds every
                 // call, and `build` is bounded by the connect timeout.
@@ -462,7 +464,7 @@ impl RedisStoreBuilder {
                 let client = SentinelClient::build(
                     urls,
                     master.clone(),
-                    primary.node_connection_info(),
+                    Some(primary.node_connection_info()),
                     SentinelServerType::Master,
                 )
                 .map_err(|e| invalid("Sentinel configuration", e))?;
@@ -510,6 +512,22 @@ impl RedisStoreBuilder {
             }
         }
     }
+}
+
+/// `info` over RESP3 unless its URL names a protocol (`?protocol=resp2`): redis-rs tells a
+/// RESP3 connection's owner when the server closes it while idle (Redis's `timeout`,
+/// `CLIENT KILL`, a load balancer's idle cut), so the store moves to a fresh connection
+/// before the next call rather than failing that call as if Redis were down. The store's
+/// replies read the same under both protocols.
+fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+    if url.contains("protocol=") {
+        return info;
+    }
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    info.set_redis_settings(settings)
 }
 
 /// Checks a key prefix: at most [`MAX_PREFIX_LEN`] bytes of `[A-Za-z0-9:_.-]`.

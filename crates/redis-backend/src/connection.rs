@@ -243,6 +243,27 @@ fn probe(
     });
 }
 
+/// A push sender for a RESP3 connection that flags `health` broken when redis-rs reports the
+/// connection closed (`PushKind::Disconnection`: the server closed it while idle — its
+/// `timeout`, `CLIENT KILL`, a load balancer's idle cut — or it failed), so the next call takes
+/// another connection instead of failing on this one as if Redis were down.
+fn flag_broken_on_disconnect(health: &Arc<Health>) -> impl redis::aio::AsyncPushSender {
+    let health = Arc::downgrade(health);
+    move |info: redis::PushInfo| {
+        if info.kind == redis::PushKind::Disconnection
+            && let Some(health) = health.upgrade()
+        {
+            health.broken.store(true, Ordering::Release);
+        }
+        Ok::<(), std::convert::Infallible>(())
+    }
+}
+
+/// Whether `client` speaks RESP3 (push senders need it).
+fn speaks_resp3(client: &redis::Client) -> bool {
+    client.get_connection_info().redis_settings().protocol() == redis::ProtocolVersion::RESP3
+}
+
 /// One call in flight on a connection with `health`: runs `on_suspect` if dropped before
 /// [`InFlight::done`] and the drop raises a suspicion ([`Health`]).
 struct InFlight<'a, F: FnOnce()> {
@@ -568,13 +589,23 @@ impl bb8::ManageConnection for PoolManager {
     type Connection = PooledConn;
     type Error = RedisError;
 
+    /// Over RESP3 (the store's default) the connection flags itself broken when it closes
+    /// ([`flag_broken_on_disconnect`]), so [`checkout`] drops it before a call meets it.
     async fn connect(&self) -> Result<PooledConn, RedisError> {
+        let health = Arc::default();
+        let config = if speaks_resp3(&self.client) {
+            self.config
+                .clone()
+                .set_push_sender(flag_broken_on_disconnect(&health))
+        } else {
+            self.config.clone()
+        };
         Ok(PooledConn {
             conn: self
                 .client
-                .get_multiplexed_async_connection_with_config(&self.config)
+                .get_multiplexed_async_connection_with_config(&config)
                 .await?,
-            health: Arc::default(),
+            health,
         })
     }
 
@@ -639,8 +670,13 @@ impl SentinelConn {
         }
     }
 
+    /// The current connection, unless it closed ([`flag_broken_on_disconnect`]: then it is
+    /// dropped, and the caller asks the sentinels again).
     fn cached(&self) -> Option<(u64, MultiplexedConnection, Arc<Health>)> {
-        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.health.broken.load(Ordering::Acquire) {
+            current.conn = None;
+        }
         current
             .conn
             .clone()
@@ -687,8 +723,14 @@ impl SentinelConn {
         );
         let resolve = tokio::spawn(async move {
             let mut client = client;
+            let health = Arc::default();
             let connect = async {
                 let primary = client.async_get_client().await?;
+                let config = if speaks_resp3(&primary) {
+                    config.set_push_sender(flag_broken_on_disconnect(&health))
+                } else {
+                    config
+                };
                 primary
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
@@ -699,7 +741,7 @@ impl SentinelConn {
             let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
             current.generation += 1;
             current.conn = Some(conn.clone());
-            current.health = Arc::default();
+            current.health = health;
             Ok((current.generation, conn, Arc::clone(&current.health)))
         });
         resolve.await.map_err(|e| {

@@ -47,7 +47,11 @@ fn cut_margin(left: Duration) -> Duration {
 /// A dropped connection fails the call in flight (and, on a multiplexed connection, the
 /// calls sent before the reconnect) as [`StoreError::Unavailable`]; the store reconnects by
 /// itself. It never resends a call that may have reached the server, so a decision is applied
-/// at most once.
+/// at most once. A connection the server closes while no call is in flight (Redis's
+/// `timeout`, `CLIENT KILL`, a load balancer's idle cut) fails nothing: the store speaks RESP3
+/// by default (a URL's `?protocol=resp2` keeps RESP2), over which redis-rs reports the close,
+/// and the next call goes out on a fresh connection (the multiplexed connection, the pool and
+/// Sentinel; a Cluster's connection reconnects its nodes itself).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), tollgate_core::StoreError> {
