@@ -17,9 +17,12 @@
 //! tell its client a `Retry-After` at which it is refused again.
 //!
 //! A cached answer repeats the denial it was made from, its `retry_after` and `reset_after`
-//! counted down to now; its `remaining` is the denial's, a lower bound of the store's by then
-//! (a token bucket refills, a sliding log's older entries leave, while the key stays denied
-//! for this cost).
+//! counted down to now; its `remaining` is the denial's. A request on the key that this limiter
+//! sends and the store admits (another cost) drops the entry, since it consumed; consumption
+//! through other instances is not seen here, so the store may hold less than a cached
+//! `remaining` says, and need longer than a cached `retry_after` (as a store's own answer
+//! ages once given), while a refill may have left it more. A policy change through
+//! [`crate::Limiter::set_policy`] (a follower's too) forgets every entry.
 //!
 //! Exactness assumes the store keeps what it decided. A store that loses its buckets — a Redis
 //! restarted without persistence, a failover that drops unreplicated writes, `FLUSHDB`, an
@@ -173,6 +176,22 @@ impl DenyCache {
     pub(crate) fn remove_encoded(&self, key: &str) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.entries.remove(key);
+    }
+
+    /// The store admitted a request on `key`: its cached denial (of another cost) no longer
+    /// tells what the store holds (the admission consumed), so it goes. A denial of it still in
+    /// flight may be cached after: it was decided after this admission's state, or before it
+    /// and then denied no longer than the store would.
+    pub(crate) fn admitted(&self, key: &Key) {
+        self.entries.remove(key.as_str());
+    }
+
+    /// Forgets every denial, and any still in flight: the limiter's policy changed, so no
+    /// entry can answer again under it, and an entry kept until its deadline would answer
+    /// again if the policy were switched back after the store had moved on.
+    pub(crate) fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.entries.clear();
     }
 
     #[cfg(test)]

@@ -373,6 +373,11 @@ impl Limiter {
     pub fn set_policy(&self, policy: Policy) {
         let active = Active::new(&self.inner.operation, policy, &self.inner.failure_mode);
         self.inner.policy.store(Arc::new(active));
+        if let Some(cache) = &self.inner.deny_cache {
+            // after the store: a check that read the old policy and is denied under it finds
+            // the epoch moved and caches nothing
+            cache.clear();
+        }
     }
 
     /// The failure mode.
@@ -447,10 +452,12 @@ impl Limiter {
         match result {
             Ok(decision) => {
                 ticket.settle(true);
-                if !decision.allowed
-                    && let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch)
-                {
-                    cache.insert(key, &active.policy, cost, &decision, (started, epoch));
+                if let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch) {
+                    if decision.allowed {
+                        cache.admitted(key);
+                    } else {
+                        cache.insert(key, &active.policy, cost, &decision, (started, epoch));
+                    }
                 }
                 Ok(decision)
             }
@@ -618,10 +625,12 @@ impl Limiter {
             .map(|(key, result)| {
                 let outcome = match result {
                     Ok(d) => {
-                        if !d.allowed
-                            && let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch)
-                        {
-                            cache.insert(key, policy, cost, &d, (started, epoch));
+                        if let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch) {
+                            if d.allowed {
+                                cache.admitted(key);
+                            } else {
+                                cache.insert(key, policy, cost, &d, (started, epoch));
+                            }
                         }
                         Ok(d)
                     }

@@ -148,3 +148,117 @@ async fn batches_use_the_deny_cache() {
     let denied = out[0].as_ref().unwrap();
     assert!(denied.retry_after.is_some() && denied.remaining == 0);
 }
+
+/// A denial cached under generation 1 must not come back when the limiter is switched to
+/// generation 2 (which another instance used to reset the bucket) and then back to 1: the
+/// store, where generation 2 governs the bucket, admits the key. (The entry was only hidden
+/// while another policy was active, and answered again after the switch back.)
+#[tokio::test]
+async fn a_policy_switched_back_does_not_revive_a_denial_the_store_lifted() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let g1: Policy = "token-bucket:capacity=1,rate=1,period=1h,generation=1,transition=carry"
+        .parse()
+        .unwrap();
+    let g2: Policy = "token-bucket:capacity=10,rate=1,period=1h,generation=2,transition=reset"
+        .parse()
+        .unwrap();
+    let build = |p: Policy, cache: bool| {
+        let b = Limiter::builder("rollback", p)
+            .store(Arc::new(store.clone()))
+            .failure_mode(FailureMode::Closed);
+        if cache { b.deny_cache(100) } else { b }.build().unwrap()
+    };
+    let (a, other, plain) = (build(g1, true), build(g2, false), build(g1, false));
+    assert!(a.check(["k"], 1).await.unwrap().allowed);
+    assert!(
+        !a.check(["k"], 1).await.unwrap().allowed,
+        "denied and cached for an hour"
+    );
+    a.set_policy(g2);
+    // another instance on generation 2 meets the bucket: Reset, a fresh bucket of 10
+    assert!(other.check(["k"], 1).await.unwrap().allowed);
+    a.set_policy(g1); // switched back (a configuration rollback)
+    let through_cache = a.check(["k"], 1).await.unwrap();
+    let store_says = plain.check(["k"], 1).await.unwrap();
+    assert!(
+        store_says.allowed,
+        "generation 2 governs the bucket: admitted"
+    );
+    assert!(
+        through_cache.allowed,
+        "the deny cache denied what the store admits: {through_cache:?}"
+    );
+}
+
+/// After a policy change a full deny cache still caches denials under the new policy (it was
+/// full of the old policy's entries, which could never answer again but stayed until their
+/// deadlines: every denial of the abusive key went to Redis, 10 of 10).
+#[tokio::test]
+async fn a_full_cache_still_caches_after_a_policy_change() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let g1: Policy = "token-bucket:capacity=1,rate=1,period=1h,generation=1,transition=carry"
+        .parse()
+        .unwrap();
+    let g2: Policy = "token-bucket:capacity=1,rate=1,period=1h,generation=2,transition=carry"
+        .parse()
+        .unwrap();
+    let limiter = Limiter::builder("full", g1)
+        .store(Arc::new(store))
+        .failure_mode(FailureMode::Closed)
+        .deny_cache(2)
+        .build()
+        .unwrap();
+    for k in ["a", "b"] {
+        assert!(limiter.check([k], 1).await.unwrap().allowed);
+        assert!(!limiter.check([k], 1).await.unwrap().allowed);
+    }
+    limiter.set_policy(g2);
+    assert!(limiter.check(["c"], 1).await.unwrap().allowed);
+    assert!(!limiter.check(["c"], 1).await.unwrap().allowed);
+    let before = script_calls(&server);
+    for _ in 0..10 {
+        assert!(!limiter.check(["c"], 1).await.unwrap().allowed);
+    }
+    assert_eq!(
+        script_calls(&server) - before,
+        0,
+        "denials of c under the new policy went to Redis"
+    );
+}
+
+/// A request of another cost that the store admits on a key drops its cached denial: the
+/// cached answer would report the denial's `remaining` (2) above what the store holds (0), and
+/// a `retry_after` (3 h) shorter than the store's (5 h), at which its client is refused again.
+#[tokio::test]
+async fn an_admission_on_a_key_drops_its_cached_denial() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let policy = Policy::token_bucket(10, Rate::new(1, Duration::from_secs(3600))).unwrap();
+    let build = |cache: bool| {
+        let b = Limiter::builder("remaining", policy)
+            .store(Arc::new(store.clone()))
+            .failure_mode(FailureMode::Closed);
+        if cache { b.deny_cache(100) } else { b }.build().unwrap()
+    };
+    let (cached, plain) = (build(true), build(false));
+    assert!(cached.check(["k"], 8).await.unwrap().allowed);
+    let denied = cached.check(["k"], 5).await.unwrap();
+    assert!(!denied.allowed && denied.remaining == 2, "{denied:?}");
+    // a smaller cost fits and is admitted by the store: 0 left
+    let two = cached.check(["k"], 2).await.unwrap();
+    assert!(two.allowed && two.remaining == 0, "{two:?}");
+    let answered = cached.check(["k"], 5).await.unwrap();
+    let truth = plain.check(["k"], 5).await.unwrap();
+    assert!(!answered.allowed && !truth.allowed);
+    assert_eq!(
+        answered.remaining, truth.remaining,
+        "{answered:?} vs {truth:?}"
+    );
+    let (a, t) = (answered.retry_after.unwrap(), truth.retry_after.unwrap());
+    assert!(
+        a.abs_diff(t) < Duration::from_secs(1),
+        "retry_after {a:?} vs the store's {t:?}"
+    );
+}
