@@ -51,7 +51,7 @@ fn cut_margin(left: Duration) -> Duration {
 /// `timeout`, `CLIENT KILL`, a load balancer's idle cut) fails nothing: the store speaks RESP3
 /// by default (a URL's `?protocol=resp2` keeps RESP2), over which redis-rs reports the close,
 /// and the next call goes out on a fresh connection (the multiplexed connection, the pool and
-/// Sentinel; a Cluster's connection reconnects its nodes itself).
+/// Sentinel; a Cluster's node connections are redis-rs's own, not covered by this).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), tollgate_core::StoreError> {
