@@ -520,7 +520,10 @@ impl RedisStoreBuilder {
 /// before the next call rather than failing that call as if Redis were down. The store's
 /// replies read the same under both protocols.
 fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
-    if url.contains("protocol=") {
+    // the query's own parameters only: a password or path may contain the text
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    if query.split('&').any(|pair| pair.starts_with("protocol=")) {
         return info;
     }
     let settings = info

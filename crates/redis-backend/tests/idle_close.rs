@@ -130,3 +130,24 @@ async fn a_url_naming_resp2_is_honoured() {
         "{clients}"
     );
 }
+
+/// A password that merely contains the text `protocol=` (no protocol in the URL's query) still
+/// gets RESP3: the whole URL was searched, the store stayed on RESP2 and failed the first call
+/// after an idle close as unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_containing_protocol_eq_still_gets_resp3() {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">protocol=x", "~*", "+@all"])
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    let url = format!("redis://app:protocol=x@127.0.0.1:{}/", server.port());
+    let store = RedisStore::builder(url)
+        .timeout(Duration::from_secs(2))
+        .pool(2)
+        .build()
+        .await
+        .unwrap();
+    let failures = after_an_idle_close(&server, &store).await;
+    assert!(failures.is_empty(), "pool: {failures:?}");
+}
