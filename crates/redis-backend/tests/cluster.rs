@@ -474,41 +474,6 @@ async fn a_slot_migration_under_load_surfaces_no_error_and_keeps_the_quota() {
 // ---------------------------------------------------------------------------------------------
 // Scale-out: a slot moving to a node that joined after the store connected
 
-/// `CLUSTER <what>` of `server`, on a fresh connection with 500 ms timeouts.
-fn cluster_query(server: &RedisServer, what: &str) -> String {
-    let mut conn = server
-        .client()
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .unwrap();
-    conn.set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
-    redis::cmd("CLUSTER").arg(what).query(&mut conn).unwrap()
-}
-
-/// Waits (at most 20 s) until `new` has joined `cluster` and knows node `from` and is known by it.
-fn await_join(cluster: &RedisCluster, new: &RedisServer, from: usize, new_id: &str) {
-    let from_id = cluster.node_id(from);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let joined = cluster
-            .nodes()
-            .iter()
-            .chain([new])
-            .all(|n| cluster_query(n, "INFO").contains("cluster_known_nodes:4\r"))
-            && cluster_query(new, "INFO").contains("cluster_state:ok")
-            && cluster_query(new, "NODES").contains(from_id)
-            && cluster_query(&cluster.nodes()[from], "NODES").contains(new_id);
-        if joined {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the new node did not join in time"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The usual way to scale a cluster out: a new, empty primary joins (`CLUSTER MEET`) and slots
 /// are resharded to it. While a slot moves there (the ASK window, the bucket already on the
 /// new node) the source answers `ASK <new node>`; once the move ends, `MOVED`. The new node
@@ -526,29 +491,10 @@ async fn a_slot_moving_to_a_newly_joined_node_is_followed() {
     assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
 
     // A fourth, empty primary joins the running cluster.
-    let new = RedisServer::builder()
-        .extra_args([
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "2000",
-        ])
-        .start();
-    let new_id: String = redis::cmd("CLUSTER")
-        .arg("MYID")
-        .query(&mut new.client().get_connection().unwrap())
-        .unwrap();
+    let new = RedisCluster::empty_node();
+    let new_id = tokio::task::block_in_place(|| cluster.join(&new, new.port()));
     let from = cluster.node_for_slot(slot);
     let from_id = cluster.node_id(from).to_owned();
-    let () = redis::cmd("CLUSTER")
-        .arg("MEET")
-        .arg("127.0.0.1")
-        .arg(new.port())
-        .query(&mut cluster.nodes()[0].client().get_connection().unwrap())
-        .unwrap();
-    tokio::task::block_in_place(|| await_join(&cluster, &new, from, &new_id));
 
     // Open the ASK window towards the new node and move the bucket there.
     let setslot = |server: &RedisServer, state: &str, id: &str| {

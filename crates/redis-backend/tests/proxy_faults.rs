@@ -453,16 +453,6 @@ fn run_on(server: &RedisServer, args: &[&str]) -> redis::Value {
     cmd.query(&mut conn).unwrap()
 }
 
-/// [`run_on`]'s reply as text.
-fn text_of(server: &RedisServer, args: &[&str]) -> String {
-    match run_on(server, args) {
-        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
-        redis::Value::VerbatimString { text, .. } => text,
-        redis::Value::SimpleString(s) => s,
-        other => panic!("{other:?}"),
-    }
-}
-
 /// A node that joined the cluster after the store connected is reached on a direct connection
 /// while a slot moves to it (the ASK window). When that connection's path dies silently, it
 /// is probed and forgotten like any other stalled connection, and the next call connects
@@ -485,16 +475,7 @@ async fn a_stalled_direct_connection_to_a_joining_node_is_replaced() {
     store.acquire(&key, &policy, 1).await.unwrap();
 
     // A fourth, empty primary, reached (as it announces) through the proxy.
-    let new = RedisServer::builder()
-        .extra_args([
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "2000",
-        ])
-        .start();
+    let new = RedisCluster::empty_node();
     let proxy = FaultProxy::start(new.port());
     let bus = (new.port() + 10_000).to_string();
     let announced = proxy.port().to_string();
@@ -503,28 +484,10 @@ async fn a_stalled_direct_connection_to_a_joining_node_is_replaced() {
         &new,
         &["CONFIG", "SET", "cluster-announce-port", &announced],
     );
-    let new_id = text_of(&new, &["CLUSTER", "MYID"]);
+    let new_id = tokio::task::block_in_place(|| cluster.join(&new, proxy.port()));
     let from = cluster.node_for_slot(slot);
     let from_id = cluster.node_id(from).to_owned();
     let new_port = new.port().to_string();
-    run_on(
-        &cluster.nodes()[0],
-        &["CLUSTER", "MEET", "127.0.0.1", &new_port],
-    );
-    let started = Instant::now();
-    loop {
-        let joined = cluster.nodes().iter().chain([&new]).all(|n| {
-            let info = text_of(n, &["CLUSTER", "INFO"]);
-            info.contains("cluster_known_nodes:4\r") && info.contains("cluster_state:ok")
-        }) && text_of(&new, &["CLUSTER", "NODES"]).contains(&from_id)
-            && text_of(&cluster.nodes()[from], &["CLUSTER", "NODES"])
-                .contains(&format!("{new_id} 127.0.0.1:{announced}"));
-        if joined {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "join");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let slot_s = slot.to_string();
     run_on(
         &new,

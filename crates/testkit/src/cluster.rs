@@ -17,6 +17,16 @@ use crate::server::RedisServer;
 
 /// Loopback address of every node.
 const HOST: &str = "127.0.0.1";
+
+/// A cluster node's arguments (the config file is relative to `--dir`: the node's own data dir).
+const NODE_ARGS: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+];
 /// Number of hash slots in Redis Cluster.
 pub const SLOTS: u16 = 16384;
 /// How long forming the cluster, or a slot's new owner spreading, may take.
@@ -93,17 +103,7 @@ impl RedisCluster {
                     Some(clock) => builder.clock(clock.clone()),
                     None => builder,
                 };
-                builder
-                    .extra_args([
-                        "--cluster-enabled",
-                        "yes",
-                        // Relative to --dir: the node's own data dir.
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ])
-                    .start()
+                builder.extra_args(NODE_ARGS).start()
             })
             .collect();
         let output = Command::new("redis-cli")
@@ -137,6 +137,76 @@ impl RedisCluster {
             .collect();
         cluster.wait_until_converged(CONVERGE_TIMEOUT);
         cluster
+    }
+
+    /// A cluster-enabled server that is no cluster's node yet: an empty primary to
+    /// [`join`](Self::join) to a running cluster (scaling out).
+    pub fn empty_node() -> RedisServer {
+        RedisServer::builder().extra_args(NODE_ARGS).start()
+    }
+
+    /// Makes `node` (an [`empty_node`](Self::empty_node)) meet this cluster, and returns its
+    /// node id once every node knows it at `announced_port` (its own port, unless it announces
+    /// another with `cluster-announce-port`) and it knows every node with `cluster_state:ok`.
+    /// It owns no slot: it is in no slot map until a slot moves to it. It is not added to
+    /// [`nodes`](Self::nodes).
+    ///
+    /// # Panics
+    /// If a command fails or the node has not joined within 20 s.
+    pub fn join(&self, node: &RedisServer, announced_port: u16) -> String {
+        let admin = |server: &RedisServer| {
+            let conn = server
+                .client()
+                .get_connection_with_timeout(ADMIN_TIMEOUT)
+                .expect("connect to the joining node");
+            conn.set_read_timeout(Some(ADMIN_TIMEOUT))
+                .expect("set read timeout");
+            conn
+        };
+        let cluster_text = |server: &RedisServer, what: &str| -> String {
+            redis::cmd("CLUSTER")
+                .arg(what)
+                .query(&mut admin(server))
+                .unwrap_or_else(|err| panic!("CLUSTER {what}: {err}"))
+        };
+        let id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut admin(node))
+            .expect("CLUSTER MYID");
+        redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg(HOST)
+            .arg(node.port())
+            .exec(&mut self.admin(0))
+            .expect("CLUSTER MEET");
+        let known = format!("cluster_known_nodes:{}\r", self.nodes.len() + 1);
+        let at = format!("{id} {HOST}:{announced_port}");
+        let started = Instant::now();
+        loop {
+            let joined = self
+                .nodes
+                .iter()
+                .chain([node])
+                .all(|n| cluster_text(n, "INFO").contains(&known))
+                && cluster_text(node, "INFO").contains("cluster_state:ok")
+                && {
+                    let nodes = cluster_text(node, "NODES");
+                    self.ids.iter().all(|other| nodes.contains(other.as_str()))
+                }
+                && self
+                    .nodes
+                    .iter()
+                    .all(|n| cluster_text(n, "NODES").contains(&at));
+            if joined {
+                return id;
+            }
+            assert!(
+                started.elapsed() < CONVERGE_TIMEOUT,
+                "node {id} did not join within {CONVERGE_TIMEOUT:?}:\n{}",
+                self.diagnostics()
+            );
+            thread::sleep(POLL);
+        }
     }
 
     /// The nodes, in start order; index them for [`node_for_slot`](Self::node_for_slot) and
