@@ -94,15 +94,24 @@ pub(crate) async fn run(args: PolicyArgs) -> Result<()> {
         }
         PolicyCommand::Show(a) => {
             let registry = a.registry.connect().await?;
-            let entries = match &a.name {
+            let out: Vec<_> = match &a.name {
                 Some(name) => registry
                     .get(name)
                     .await?
-                    .map(|p| vec![(name.clone(), p)])
+                    .map(|p| vec![entry(name, &p)])
                     .with_context(|| format!("no policy is published under {name:?}"))?,
-                None => registry.list().await?,
+                // every entry; one this version cannot read is shown with why, not hiding the
+                // others (a rolling upgrade's newer algorithm)
+                None => registry
+                    .list()
+                    .await?
+                    .into_iter()
+                    .map(|(n, p)| match p {
+                        Ok(p) => entry(&n, &p),
+                        Err(e) => serde_json::json!({ "name": n, "error": e.to_string() }),
+                    })
+                    .collect(),
             };
-            let out: Vec<_> = entries.iter().map(|(n, p)| entry(n, p)).collect();
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
     }

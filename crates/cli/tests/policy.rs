@@ -100,3 +100,41 @@ fn check_prints_a_policy_its_own_flag_reads_back() {
         }
     }
 }
+
+/// `policy show` lists every entry when one cannot be read by this version (a rolling
+/// upgrade's newer algorithm), that one with why (it failed as a whole: `Corrupt`).
+#[test]
+fn show_lists_every_entry_and_why_one_is_unreadable() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let out = json(&tollgate(&[
+        "policy",
+        "publish",
+        "--redis",
+        &url,
+        "--name",
+        "login",
+        "--policy",
+        "fixed-window:limit=10,window=1h,generation=1,transition=carry",
+    ]));
+    assert_eq!(out["published"], true);
+    let mut conn = server.client().get_connection().unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("tollgate:registry")
+        .arg("api")
+        .arg("3 leaky-bucket:capacity=5,leak=1")
+        .query(&mut conn)
+        .unwrap();
+    let out = json(&tollgate(&["policy", "show", "--redis", &url]));
+    let entries = out.as_array().expect("a list");
+    assert_eq!(entries.len(), 2, "{out}");
+    assert_eq!(entries[0]["name"], "api");
+    assert!(
+        entries[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("leaky-bucket")),
+        "{out}"
+    );
+    assert_eq!(entries[1]["name"], "login");
+    assert_eq!(entries[1]["generation"], 1);
+}

@@ -217,16 +217,23 @@ impl RedisRegistry {
         value.map(|v| parse_entry(name, &v)).transpose()
     }
 
-    /// Every published policy, by name.
-    pub async fn list(&self) -> Result<Vec<(String, Policy)>, RegistryError> {
+    /// Every published entry, by name, each with its policy or, for an entry this version
+    /// cannot read ([`RegistryError::Corrupt`]: during a rolling upgrade, a newer version's
+    /// algorithm), why: one unreadable entry does not hide the others.
+    pub async fn list(
+        &self,
+    ) -> Result<Vec<(String, Result<Policy, RegistryError>)>, RegistryError> {
         let mut conn = self.conn();
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(&self.key);
         let entries: Vec<(String, String)> = self.deadline(cmd.query_async(&mut conn)).await?;
-        let mut out = entries
+        let mut out: Vec<_> = entries
             .into_iter()
-            .map(|(name, v)| parse_entry(&name, &v).map(|p| (name, p)))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(name, v)| {
+                let policy = parse_entry(&name, &v);
+                (name, policy)
+            })
+            .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }

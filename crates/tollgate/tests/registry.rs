@@ -62,8 +62,15 @@ async fn publish_is_atomic_and_never_goes_back_a_generation() {
     let search = spec("token-bucket:capacity=3,rate=1,generation=7,transition=proportional");
     reg.publish("search", &search).await.unwrap();
     assert_eq!(reg.get("login").await.unwrap(), Some(g2));
+    let listed: Vec<(String, Policy)> = reg
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(n, p)| (n, p.unwrap()))
+        .collect();
     assert_eq!(
-        reg.list().await.unwrap(),
+        listed,
         vec![("login".to_owned(), g2), ("search".to_owned(), search)]
     );
 }
@@ -416,4 +423,30 @@ async fn a_follower_starts_over_an_entry_it_cannot_read() {
     .await
     .expect("follows the next readable publication");
     assert_eq!(limiter.policy(), g4);
+}
+
+/// An entry this version cannot read does not hide the others from `list` (it failed the whole
+/// listing with `Corrupt`, so `tollgate policy show` showed nothing during a rolling upgrade).
+#[tokio::test]
+async fn list_shows_every_entry_and_why_one_is_unreadable() {
+    let server = RedisServer::start();
+    let reg = registry(&server).await;
+    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=carry");
+    reg.publish("login", &g1).await.unwrap();
+    let mut conn = server.client().get_connection().unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(reg.key())
+        .arg("api")
+        .arg("3 leaky-bucket:capacity=5,leak=1")
+        .query(&mut conn)
+        .unwrap();
+    let listed = reg.list().await.expect("the readable entries are listed");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0].0, "api");
+    assert!(
+        matches!(&listed[0].1, Err(RegistryError::Corrupt { name, .. }) if name == "api"),
+        "{listed:?}"
+    );
+    assert_eq!(listed[1].0, "login");
+    assert_eq!(listed[1].1.as_ref().ok(), Some(&g1));
 }
