@@ -123,3 +123,42 @@ fn a_fixed_cost_above_capacity_is_a_500_and_a_request_cost_above_it_a_413() {
             .is_empty()
     );
 }
+
+/// `HeaderCost::new(name, default, min, max)`: a declared cost outside `min..=max` is refused
+/// with 400 — below `min` too, or a client declares a cost of 1 on a route whose operator set
+/// every request to cost at least `min`, and is charged less than the work it asks for.
+mod declared_cost_bounds {
+
+    use axum::http::{HeaderName, Request, StatusCode};
+    use tollgate_http::{CostFn, HeaderCost};
+
+    #[test]
+    fn a_declared_cost_outside_the_bounds_is_refused_at_both_ends() {
+        let cost = HeaderCost::new(HeaderName::from_static("x-cost"), 5, 5, 10).unwrap();
+        let with = |v: &str| Request::builder().header("x-cost", v).body(()).unwrap();
+        for below in ["1", "2", "4"] {
+            let refused = cost.cost(&with(below)).unwrap_err();
+            assert_eq!(
+                refused.status(),
+                StatusCode::BAD_REQUEST,
+                "{below} is below min 5"
+            );
+        }
+        for above in ["11", "1000"] {
+            let refused = cost.cost(&with(above)).unwrap_err();
+            assert_eq!(
+                refused.status(),
+                StatusCode::BAD_REQUEST,
+                "{above} is above max 10"
+            );
+        }
+        for inside in [5, 7, 10] {
+            assert_eq!(cost.cost(&with(&inside.to_string())).unwrap(), inside);
+        }
+        assert_eq!(
+            cost.cost(&Request::new(())).unwrap(),
+            5,
+            "absent: the default"
+        );
+    }
+}

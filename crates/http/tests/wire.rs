@@ -761,3 +761,24 @@ async fn a_policy_change_during_a_request_does_not_contradict_its_degraded_answe
     assert!(param(h, "ratelimit", "r") < 10, "{h:?}");
     assert_eq!(field(h, "x-ratelimit-limit"), Some("10"));
 }
+
+/// `ClientIpKey::network` is public and documented "IPv4-mapped IPv6 addresses count as
+/// IPv4": a caller grouping addresses itself (a peer read off a dual-stack socket) must get the
+/// IPv4 block, not `::/64` — the one IPv6 block every IPv4 client would then share.
+mod mapped_networks {
+
+    use tollgate_http::{ClientIpKey, TrustedProxies};
+
+    #[test]
+    fn a_mapped_address_is_grouped_as_the_ipv4_address_it_carries() {
+        let key = ClientIpKey::new(TrustedProxies::none())
+            .ipv4_prefix(24)
+            .unwrap();
+        let mapped = key.network("::ffff:198.51.100.200".parse().unwrap());
+        let plain = key.network("198.51.100.7".parse().unwrap());
+        assert_eq!(mapped.to_string(), "198.51.100.0/24");
+        assert_eq!(mapped, plain);
+        let other = key.network("::ffff:203.0.113.9".parse().unwrap());
+        assert_ne!(mapped, other, "two IPv4 networks stay apart");
+    }
+}

@@ -223,3 +223,84 @@ fn a_batch_failing_whole_counts_every_key_even_the_cached_ones() {
         "one per key asked for"
     );
 }
+
+/// A batch that the store answers in part — some requests decided, the others failing as
+/// unavailable (one cluster node down) — shows the store is there: "one answer is enough"
+/// (limiter.rs, `decide_many`). The breaker must not count such batches as outages, else a
+/// single dead node opens the breaker and every key, on the healthy nodes too, loses shared
+/// enforcement.
+mod partly_answered_batches {
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tollgate::{
+        Acquire, Batch, BreakerState, Decision, Enforcement, FailureMode, Key, Limiter, LocalStore,
+        Policy, Rate, Store, StoreError,
+    };
+
+    /// A `LocalStore` whose batches decide the first request and fail every other one as
+    /// unavailable.
+    struct HalfDown(LocalStore);
+
+    #[async_trait]
+    impl Store for HalfDown {
+        async fn acquire(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            self.0.acquire(key, policy, cost).await
+        }
+
+        async fn acquire_many(&self, requests: &[Acquire<'_>]) -> Result<Batch, StoreError> {
+            let mut out = self.0.acquire_many(&requests[..1]).await?;
+            for _ in 1..requests.len() {
+                out.push(Err(StoreError::Unavailable {
+                    message: "node down".into(),
+                    source: None,
+                }));
+            }
+            Ok(out)
+        }
+
+        async fn peek(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            self.0.peek(key, policy, cost).await
+        }
+
+        async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+            self.0.reset(key, policy).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_partly_answered_batch_does_not_open_the_breaker() {
+        let policy = Policy::token_bucket(100, Rate::new(1, Duration::from_secs(3600))).unwrap();
+        let limiter = Limiter::builder("half-down", policy)
+            .store(Arc::new(HalfDown(LocalStore::new())))
+            .failure_mode(FailureMode::Open)
+            .build()
+            .unwrap();
+        let keys = [limiter.key(["up"]).unwrap(), limiter.key(["down"]).unwrap()];
+        // Twice the default failure threshold (5) of consecutive partly answered batches.
+        for i in 0..10 {
+            let got = limiter.check_many(&keys, 1).await.unwrap();
+            let up = got[0].as_ref().unwrap();
+            assert_eq!(
+                up.enforcement,
+                Enforcement::Shared,
+                "batch {i}: the answered key keeps shared enforcement: {got:?}"
+            );
+            assert_eq!(up.remaining, 99 - i, "batch {i}");
+            assert_eq!(got[1].as_ref().unwrap().enforcement, Enforcement::Bypassed);
+            assert_eq!(limiter.breaker_state(), BreakerState::Closed, "batch {i}");
+        }
+    }
+}

@@ -262,3 +262,53 @@ async fn an_admission_on_a_key_drops_its_cached_denial() {
         "retry_after {a:?} vs the store's {t:?}"
     );
 }
+
+/// `check_many` keeps the deny cache as `check` does (limiter.rs, `decide_many`): a request of
+/// another cost that the store admits in a batch drops the key's cached denial, or the cached
+/// answer reports the denial's `remaining` (2) above what the store holds (0) and a
+/// `retry_after` (3 h) shorter than the store's (5 h), at which its client is refused again.
+/// The batch twin of deny_cache.rs's `an_admission_on_a_key_drops_its_cached_denial`.
+mod batch_admission {
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tollgate::redis::RedisStore;
+    use tollgate::{FailureMode, Limiter, Policy, Rate};
+    use tollgate_testkit::server::RedisServer;
+
+    #[tokio::test]
+    async fn an_admission_in_a_batch_drops_the_keys_cached_denial() {
+        let server = RedisServer::start();
+        let store = RedisStore::builder(server.url()).build().await.unwrap();
+        let policy = Policy::token_bucket(10, Rate::new(1, Duration::from_secs(3600))).unwrap();
+        let build = |cache: bool| {
+            let b = Limiter::builder("remaining", policy)
+                .store(Arc::new(store.clone()))
+                .failure_mode(FailureMode::Closed);
+            if cache { b.deny_cache(100) } else { b }.build().unwrap()
+        };
+        let (cached, plain) = (build(true), build(false));
+        let k = cached.key(["k"]).unwrap();
+        let other = cached.key(["other"]).unwrap();
+        assert!(cached.check_key(&k, 8).await.unwrap().allowed);
+        let denied = cached.check_key(&k, 5).await.unwrap();
+        assert!(!denied.allowed && denied.remaining == 2, "{denied:?}");
+        // a smaller cost fits and is admitted by the store, in a batch: 0 left
+        let got = cached.check_many(&[k.clone(), other], 2).await.unwrap();
+        let two = got[0].as_ref().unwrap();
+        assert!(two.allowed && two.remaining == 0, "{two:?}");
+        let answered = cached.check_key(&k, 5).await.unwrap();
+        let truth = plain.check(["k"], 5).await.unwrap();
+        assert!(!answered.allowed && !truth.allowed);
+        assert_eq!(
+            answered.remaining, truth.remaining,
+            "{answered:?} vs {truth:?}"
+        );
+        let (a, t) = (answered.retry_after.unwrap(), truth.retry_after.unwrap());
+        assert!(
+            a.abs_diff(t) < Duration::from_secs(1),
+            "retry_after {a:?} vs the store's {t:?}"
+        );
+    }
+}

@@ -777,3 +777,84 @@ async fn local_buckets_last_across_outages_until_a_reset() {
     limiter.reset(["u"]).await.unwrap_err();
     assert_eq!(spend_share().await, 2, "a full local share after the reset");
 }
+
+/// `BreakerConfig::failure_threshold` is "Consecutive unavailable/busy results that open the
+/// breaker": a store that answers between its failures (a flaky network dropping one call in
+/// two) never reaches the threshold, however many failures it adds up over time.
+mod consecutive_failures {
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tollgate::{
+        BreakerConfig, BreakerState, Decision, Enforcement, FailureMode, Key, Limiter, LocalStore,
+        Policy, Rate, Store, StoreError,
+    };
+
+    /// A `LocalStore` that fails every other call as unavailable.
+    struct Flaky {
+        inner: LocalStore,
+        calls: AtomicU64,
+    }
+
+    #[async_trait]
+    impl Store for Flaky {
+        async fn acquire(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            if self.calls.fetch_add(1, Ordering::Relaxed) % 2 == 1 {
+                return Err(StoreError::Unavailable {
+                    message: "dropped".into(),
+                    source: None,
+                });
+            }
+            self.inner.acquire(key, policy, cost).await
+        }
+
+        async fn peek(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            self.inner.peek(key, policy, cost).await
+        }
+
+        async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+            self.inner.reset(key, policy).await
+        }
+    }
+
+    #[tokio::test]
+    async fn failures_separated_by_answers_never_open_the_breaker() {
+        let policy = Policy::token_bucket(1_000, Rate::new(1, Duration::from_secs(3600))).unwrap();
+        let limiter = Limiter::builder("flaky", policy)
+            .store(Arc::new(Flaky {
+                inner: LocalStore::new(),
+                calls: AtomicU64::new(0),
+            }))
+            .failure_mode(FailureMode::Open)
+            .breaker(BreakerConfig {
+                failure_threshold: 3,
+                probe_interval: Duration::from_secs(60),
+            })
+            .build()
+            .unwrap();
+        // 20 failures in all, never two in a row.
+        for i in 0..40 {
+            let d = limiter.check(["k"], 1).await.unwrap();
+            let want = if i % 2 == 0 {
+                Enforcement::Shared
+            } else {
+                Enforcement::Bypassed
+            };
+            assert_eq!(d.enforcement, want, "call {i}: {d:?}");
+            assert_eq!(limiter.breaker_state(), BreakerState::Closed, "call {i}");
+        }
+    }
+}

@@ -450,3 +450,56 @@ async fn list_shows_every_entry_and_why_one_is_unreadable() {
     assert_eq!(listed[1].0, "login");
     assert_eq!(listed[1].1.as_ref().ok(), Some(&g1));
 }
+
+/// The registry is the source of truth for a name (registry.rs, `newer`): a follower whose
+/// limiter runs another policy of the generation the registry holds switches to the registry's
+/// one, at start, so that every instance of the fleet enforces the published policy.
+mod same_generation {
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tollgate::redis::{RedisRegistry, RedisStore};
+    use tollgate::registry::PolicyFollower;
+    use tollgate::{FailureMode, Limiter, Policy};
+    use tollgate_testkit::server::RedisServer;
+
+    const TIMEOUT: Duration = Duration::from_secs(2);
+
+    #[tokio::test]
+    async fn a_follower_takes_the_published_policy_of_its_own_generation() {
+        let server = RedisServer::start();
+        let registry = RedisRegistry::connect(&server.url(), "tollgate:", TIMEOUT)
+            .await
+            .unwrap();
+        let published: Policy = "fixed-window:limit=10,window=30d".parse().unwrap();
+        let local: Policy = "fixed-window:limit=3,window=30d".parse().unwrap();
+        assert_eq!(published.generation(), local.generation());
+        registry.publish("api", &published).await.unwrap();
+        let store = RedisStore::builder(server.url())
+            .timeout(TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        let limiter = Limiter::builder("api", local)
+            .store(Arc::new(store))
+            .failure_mode(FailureMode::Closed)
+            .build()
+            .unwrap();
+        let follower = PolicyFollower::start(
+            registry,
+            "api",
+            std::slice::from_ref(&limiter),
+            Duration::from_millis(50),
+        )
+        .await
+        .unwrap();
+        // At start, and still after several polls.
+        assert_eq!(limiter.policy(), published, "at start");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(limiter.policy(), published, "after polls");
+        assert_eq!(follower.current(), published);
+        let d = limiter.check(["k"], 1).await.unwrap();
+        assert_eq!((d.limit, d.remaining), (10, 9));
+    }
+}
