@@ -373,22 +373,13 @@ fn check_count(field: &'static str, n: u64, max: u64) -> Result<u64, PolicyError
     Ok(n)
 }
 
-const fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        let t = a % b;
-        a = b;
-        b = t;
-    }
-    a
-}
-
 impl Policy {
     /// A token bucket holding up to `capacity` tokens, refilled at `refill`.
     pub fn token_bucket(capacity: u64, refill: Rate) -> Result<Self, PolicyError> {
         let capacity = check_count("capacity", capacity, MAX_EXACT)?;
         let tokens = check_count("refill tokens", refill.tokens, MAX_EXACT)?;
         let period = check_duration("refill period", refill.period, Duration::from_micros(1))?;
-        let g = gcd(tokens, period);
+        let g = crate::algorithm::gcd(tokens, period);
         let (unit, rate) = (period / g, tokens / g);
         let cap_units = capacity
             .checked_mul(unit)

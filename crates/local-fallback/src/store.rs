@@ -510,32 +510,38 @@ impl<C: Clock> LocalStore<C> {
     /// walk is started for it: a flood of new keys cannot turn into one walk each).
     fn sweep_at_cap(&self, now_us: u64) -> bool {
         let now_ms = now_us / 1000;
-        for _ in 0..3 {
-            if self.try_hold_sweep() {
-                if !claim_gap(&self.counters.last_cap_sweep_ms, now_ms, CAP_SWEEP_GAP_MS) {
-                    self.counters.sweeping.store(false, Ordering::Release);
-                    return true;
-                }
-                return self.sweep_held(now_ms) > 0;
-            }
-            self.wait_for_sweep();
+        if !self.hold_sweep_waiting() {
+            return true;
         }
-        true
+        if !claim_gap(&self.counters.last_cap_sweep_ms, now_ms, CAP_SWEEP_GAP_MS) {
+            self.counters.sweeping.store(false, Ordering::Release);
+            return true;
+        }
+        self.sweep_held(now_ms) > 0
     }
 
     /// Sweeps at `now_ms`; if another sweep is under way (periodic, at the cap or a caller's
     /// [`LocalStore::sweep_expired`], perhaps at an older time), waits for it and then sweeps.
     /// Returns how many buckets this call removed.
     fn sweep_after_any(&self, now_ms: u64) -> usize {
-        // Sweeps starting back to back could hold this call off for ever: three tries, then
-        // it takes what the others removed for its own.
+        if self.hold_sweep_waiting() {
+            self.sweep_held(now_ms)
+        } else {
+            0
+        }
+    }
+
+    /// Takes the sweep, waiting for any under way first. Sweeps starting back to back could
+    /// hold a caller off for ever: after three tries it gives up (`false`), and takes what the
+    /// others removed for its own.
+    fn hold_sweep_waiting(&self) -> bool {
         for _ in 0..3 {
-            if let Some(removed) = self.sweep(now_ms) {
-                return removed;
+            if self.try_hold_sweep() {
+                return true;
             }
             self.wait_for_sweep();
         }
-        0
+        false
     }
 
     /// Waits until no sweep is under way.

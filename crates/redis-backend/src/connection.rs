@@ -209,6 +209,16 @@ impl Health {
     }
 }
 
+/// A probe under way on a connection with this health: ends it however it ends (a runtime
+/// shutting down cancels its task), so the connection can be suspected again.
+struct Probing(Arc<Health>);
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        self.0.probing.store(false, Ordering::Release);
+    }
+}
+
 /// Probes a suspected connection (`PING` within `limit`) on a task of its own; `on_dead` runs
 /// if no `PONG` comes back. Outside a tokio runtime, where nothing can be spawned, the
 /// connection is taken for dead at once.
@@ -223,14 +233,6 @@ fn probe(
         return;
     };
     runtime.spawn(async move {
-        // Ends the probe however the task ends (a runtime shutting down cancels it), so the
-        // connection can be suspected again.
-        struct Probing(Arc<Health>);
-        impl Drop for Probing {
-            fn drop(&mut self) {
-                self.0.probing.store(false, Ordering::Release);
-            }
-        }
         let probing = Probing(health);
         let ping = redis::cmd("PING");
         let sent = now_us();
@@ -926,13 +928,6 @@ impl Cluster {
     /// Probes the primary of `key`'s slot on `tracked`, and replaces `tracked` if the probe
     /// gets no answer.
     fn suspect(self: &Arc<Self>, tracked: &Arc<TrackedCluster>, key: &[u8]) {
-        // Ends the probe however it ends, so the connection can be suspected again.
-        struct Probing(Arc<Health>);
-        impl Drop for Probing {
-            fn drop(&mut self) {
-                self.0.probing.store(false, Ordering::Release);
-            }
-        }
         let probing = Probing(Arc::clone(&tracked.health));
         if !Arc::ptr_eq(&self.current.load(), tracked) {
             return; // replaced already
@@ -1303,10 +1298,7 @@ async fn one_by_one(
                 .await
                 .and_then(Value::extract_error)
         };
-        refused = refused
-            || reply
-                .as_ref()
-                .is_err_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript));
+        refused = refused || reply.as_ref().is_err_and(crate::error::is_noscript);
         replies.push((i, reply));
     }
     replies

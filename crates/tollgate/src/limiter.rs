@@ -1030,7 +1030,7 @@ fn scale_down(policy: &Policy, n: u64) -> Option<Share> {
 /// tokens rounded down (at least 1: one token per [`MAX_DURATION`], the slowest rate any
 /// policy has, may exceed a share slower still).
 fn divided_bucket(capacity: u64, tb: &TokenBucket, n: u64) -> Option<(Policy, bool)> {
-    let g = gcd(tb.rate, n);
+    let g = tollgate_core::algorithm::gcd(tb.rate, n);
     let (tokens, periods) = (tb.rate / g, n / g);
     let max_micros = MAX_DURATION.as_micros() as u64;
     let exact = tb
@@ -1052,13 +1052,6 @@ fn divided_bucket(capacity: u64, tb: &TokenBucket, n: u64) -> Option<(Policy, bo
         // Not reached when the policy itself was valid; still never the whole quota.
         .or_else(|| Policy::token_bucket(1, Rate::new(1, MAX_DURATION)).ok())
         .map(|p| (p, false))
-}
-
-const fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
 }
 
 #[cfg(test)]

@@ -32,6 +32,17 @@ fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
+/// A limiter `name` on `store` under `policy`, failing closed, with a deny cache of 100 keys
+/// if `deny_cache`.
+fn limiter(name: &str, policy: Policy, store: &RedisStore, deny_cache: bool) -> Limiter {
+    let b = Limiter::builder(name, policy)
+        .store(Arc::new(store.clone()))
+        .failure_mode(FailureMode::Closed);
+    if deny_cache { b.deny_cache(100) } else { b }
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_denied_key_costs_no_round_trip_until_its_retry_instant() {
     let server = RedisServer::start();
@@ -76,12 +87,7 @@ async fn a_larger_cost_is_told_its_own_wait_not_the_cached_one() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url()).build().await.unwrap();
     let policy = Policy::token_bucket(10, tollgate::Rate::per_second(1)).unwrap();
-    let build = |cache: bool| {
-        let b = Limiter::builder("weighted", policy)
-            .store(Arc::new(store.clone()))
-            .failure_mode(FailureMode::Closed);
-        if cache { b.deny_cache(100) } else { b }.build().unwrap()
-    };
+    let build = |cache: bool| limiter("weighted", policy, &store, cache);
     let (cached, plain) = (build(true), build(false));
     assert!(cached.check(["k"], 10).await.unwrap().allowed);
     let one = cached.check(["k"], 1).await.unwrap();
@@ -163,12 +169,7 @@ async fn a_policy_switched_back_does_not_revive_a_denial_the_store_lifted() {
     let g2: Policy = "token-bucket:capacity=10,rate=1,period=1h,generation=2,transition=reset"
         .parse()
         .unwrap();
-    let build = |p: Policy, cache: bool| {
-        let b = Limiter::builder("rollback", p)
-            .store(Arc::new(store.clone()))
-            .failure_mode(FailureMode::Closed);
-        if cache { b.deny_cache(100) } else { b }.build().unwrap()
-    };
+    let build = |p: Policy, cache: bool| limiter("rollback", p, &store, cache);
     let (a, other, plain) = (build(g1, true), build(g2, false), build(g1, false));
     assert!(a.check(["k"], 1).await.unwrap().allowed);
     assert!(
@@ -236,12 +237,7 @@ async fn an_admission_on_a_key_drops_its_cached_denial() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url()).build().await.unwrap();
     let policy = Policy::token_bucket(10, Rate::new(1, Duration::from_secs(3600))).unwrap();
-    let build = |cache: bool| {
-        let b = Limiter::builder("remaining", policy)
-            .store(Arc::new(store.clone()))
-            .failure_mode(FailureMode::Closed);
-        if cache { b.deny_cache(100) } else { b }.build().unwrap()
-    };
+    let build = |cache: bool| limiter("remaining", policy, &store, cache);
     let (cached, plain) = (build(true), build(false));
     assert!(cached.check(["k"], 8).await.unwrap().allowed);
     let denied = cached.check(["k"], 5).await.unwrap();
@@ -270,24 +266,20 @@ async fn an_admission_on_a_key_drops_its_cached_denial() {
 /// The batch twin of deny_cache.rs's `an_admission_on_a_key_drops_its_cached_denial`.
 mod batch_admission {
 
-    use std::sync::Arc;
     use std::time::Duration;
 
     use tollgate::redis::RedisStore;
-    use tollgate::{FailureMode, Limiter, Policy, Rate};
+    use tollgate::{Policy, Rate};
     use tollgate_testkit::server::RedisServer;
+
+    use super::limiter;
 
     #[tokio::test]
     async fn an_admission_in_a_batch_drops_the_keys_cached_denial() {
         let server = RedisServer::start();
         let store = RedisStore::builder(server.url()).build().await.unwrap();
         let policy = Policy::token_bucket(10, Rate::new(1, Duration::from_secs(3600))).unwrap();
-        let build = |cache: bool| {
-            let b = Limiter::builder("remaining", policy)
-                .store(Arc::new(store.clone()))
-                .failure_mode(FailureMode::Closed);
-            if cache { b.deny_cache(100) } else { b }.build().unwrap()
-        };
+        let build = |cache: bool| limiter("remaining", policy, &store, cache);
         let (cached, plain) = (build(true), build(false));
         let k = cached.key(["k"]).unwrap();
         let other = cached.key(["other"]).unwrap();

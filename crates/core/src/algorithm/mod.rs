@@ -176,6 +176,20 @@ pub const fn expires_at_ms(now: u64, ttl: u64) -> u64 {
     now.saturating_add(if ttl > 1000 { ttl } else { 1000 }) / 1000
 }
 
+/// The greatest common divisor of `a` and `b` (`gcd(a, 0) == a`): how rates are kept reduced
+/// (a policy's refill; a degraded share's).
+///
+/// ```
+/// assert_eq!(tollgate_core::algorithm::gcd(1_000_000, 150), 50);
+/// ```
+#[must_use]
+pub const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// `at + span - now` without overflow near the end of `u64` (saturating only where the true
 /// value does not fit): the time from `now` until `span` after `at`, which is not before
 /// `now` (`at` may be before or after it).
