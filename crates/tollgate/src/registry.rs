@@ -197,7 +197,7 @@ impl PolicyFollower {
             .ok_or_else(|| {
                 RegistryError::BadName(format!("{name} (nothing published, no limiter)"))
             })?;
-        let (tx, current) = watch::channel(initial);
+        let (tx, mut current) = watch::channel(initial);
         let bound = poll_interval + registry.timeout();
         let follow = Follow {
             registry: registry.clone(),
@@ -208,6 +208,9 @@ impl PolicyFollower {
         if let Some(p) = published {
             follow.apply(p);
         }
+        // What start took is where `current` starts, not a change: the first `changed` waits
+        // for the next one (the task that could make it is not spawned yet, so none is lost).
+        current.mark_unchanged();
         Ok(Self {
             task: tokio::spawn(follow.run(Some(sub), poll_interval.max(Duration::from_millis(1)))),
             current,
@@ -245,7 +248,10 @@ impl PolicyFollower {
         *self.current.borrow()
     }
 
-    /// Waits until the followed policy changes, and returns the new one.
+    /// Waits until the followed policy changes, and returns the new one. A change is measured
+    /// from the policy [`PolicyFollower::current`] held when `start` returned (or from the one
+    /// the previous `changed` returned): the publication `start` took is not reported again,
+    /// and one that arrived before this call returns at once.
     pub async fn changed(&mut self) -> Policy {
         if self.current.changed().await.is_err() {
             std::future::pending::<()>().await;

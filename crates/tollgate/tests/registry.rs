@@ -503,3 +503,71 @@ mod same_generation {
         assert_eq!((d.limit, d.remaining), (10, 9));
     }
 }
+
+/// `changed` waits for a change of the followed policy after `start`: the policy the follower
+/// already follows when `start` returns ([`PolicyFollower::current`], here a publication newer
+/// than the limiter's, taken at start) is not a change, so the first `changed` returns the next
+/// publication, not the one `start` took.
+#[tokio::test]
+async fn changed_after_start_waits_for_a_new_publication() {
+    let server = RedisServer::start();
+    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
+    let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
+    let reg = registry(&server).await;
+    reg.publish("api", &g2).await.unwrap();
+    let limiter = instance(&server, g1).await;
+    let mut follower = PolicyFollower::start(
+        registry(&server).await,
+        "api",
+        std::slice::from_ref(&limiter),
+        Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    assert_eq!((follower.current(), limiter.policy()), (g2, g2));
+    let g3 = spec("fixed-window:limit=8,window=1h,generation=3,transition=carry");
+    reg.publish("api", &g3).await.unwrap();
+    // By notification (the poll is 10 minutes away).
+    let first = tokio::time::timeout(Duration::from_secs(5), follower.changed())
+        .await
+        .expect("no change within 5 s");
+    assert_eq!(
+        first, g3,
+        "the first changed() after start reported the policy start had already taken"
+    );
+}
+
+/// A publication that arrives between `start` and the first `changed` is not missed: that
+/// `changed` returns it at once.
+#[tokio::test]
+async fn changed_reports_a_publication_that_arrived_before_it_was_called() {
+    let server = RedisServer::start();
+    let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
+    let reg = registry(&server).await;
+    reg.publish("api", &g1).await.unwrap();
+    let limiter = instance(&server, g1).await;
+    let mut follower = PolicyFollower::start(
+        registry(&server).await,
+        "api",
+        std::slice::from_ref(&limiter),
+        Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
+    reg.publish("api", &g2).await.unwrap();
+    // `current` does not mark the change seen: wait for it (by notification) without `changed`.
+    let started = Instant::now();
+    for _ in 0..500 {
+        if follower.current() == g2 || started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(follower.current(), g2, "no switch within 5 s");
+    // Ready at its first poll: the change happened before the call.
+    let seen = tokio::time::timeout(Duration::ZERO, follower.changed())
+        .await
+        .expect("the publication made before changed() was called was missed");
+    assert_eq!(seen, g2);
+}
