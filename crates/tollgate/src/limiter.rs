@@ -373,6 +373,45 @@ impl Limiter {
     pub fn set_policy(&self, policy: Policy) {
         let active = Active::new(&self.inner.operation, policy, &self.inner.failure_mode);
         self.inner.policy.store(Arc::new(active));
+        self.switched();
+    }
+
+    /// Switches to `policy` if `replace` holds for the policy in force, as one step: a switch
+    /// made meanwhile (by [`Limiter::set_policy`], or by another follower) is put to
+    /// `replace` again, never overwritten unseen. Whether it switched.
+    pub(crate) fn set_policy_if(
+        &self,
+        policy: Policy,
+        mut replace: impl FnMut(&Policy) -> bool,
+    ) -> bool {
+        let mut current = self.inner.policy.load_full();
+        let mut active = None;
+        loop {
+            if !replace(&current.policy) {
+                return false;
+            }
+            let new = active.get_or_insert_with(|| {
+                Arc::new(Active::new(
+                    &self.inner.operation,
+                    policy,
+                    &self.inner.failure_mode,
+                ))
+            });
+            let previous = self
+                .inner
+                .policy
+                .compare_and_swap(&current, Arc::clone(new));
+            if Arc::ptr_eq(&previous, &current) {
+                break;
+            }
+            current = arc_swap::Guard::into_inner(previous);
+        }
+        self.switched();
+        true
+    }
+
+    /// After a switch of the policy: the deny cache forgets the old one's denials.
+    fn switched(&self) {
         if let Some(cache) = &self.inner.deny_cache {
             // after the store: a check that read the old policy and is denied under it finds
             // the epoch moved and caches nothing

@@ -82,7 +82,15 @@ struct Follow {
     name: String,
     limiters: Vec<Limiter>,
     tx: watch::Sender<Policy>,
+    /// Runs in [`Follow::apply`] after a limiter's policy was found older than the
+    /// publication and before the switch: where a concurrent switch races the follower.
+    #[cfg(test)]
+    between: Option<Between>,
 }
+
+/// A test's hook into [`Follow::apply`]: see [`Follow::between`].
+#[cfg(test)]
+type Between = Box<dyn Fn(&Limiter) + Send + Sync>;
 
 impl Follow {
     /// Switches every limiter that `published` is newer for (each compared on its own: they
@@ -91,8 +99,18 @@ impl Follow {
     fn apply(&self, published: Policy) -> bool {
         let mut switched = false;
         for l in &self.limiters {
-            if newer(&published, &l.policy()) {
-                l.set_policy(published);
+            // One compare-and-set: a switch made between the comparison and this one's (by
+            // the user, or another follower of the limiter) is compared again, so an older
+            // publication never lands over a newer policy.
+            let replace = |current: &Policy| {
+                let replace = newer(&published, current);
+                #[cfg(test)]
+                if replace && let Some(between) = &self.between {
+                    between(l);
+                }
+                replace
+            };
+            if l.set_policy_if(published, replace) {
                 switched = true;
             }
         }
@@ -204,6 +222,8 @@ impl PolicyFollower {
             name: name.clone(),
             limiters: limiters.to_vec(),
             tx,
+            #[cfg(test)]
+            between: None,
         };
         if let Some(p) = published {
             follow.apply(p);
@@ -269,5 +289,98 @@ impl PolicyFollower {
 impl Drop for PolicyFollower {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tollgate_local::LocalStore;
+    use tollgate_testkit::server::RedisServer;
+
+    use super::*;
+    use crate::FailureMode;
+
+    fn generation(g: u64) -> Policy {
+        Policy::fixed_window(10, Duration::from_secs(3600))
+            .unwrap()
+            .with_generation(g)
+    }
+
+    fn limiter(policy: Policy) -> Limiter {
+        Limiter::builder("api", policy)
+            .store(Arc::new(LocalStore::new()))
+            .failure_mode(FailureMode::Closed)
+            .build()
+            .unwrap()
+    }
+
+    /// A follower of `name` in the registry of `server` for `limiter`, not started: the tests
+    /// call [`Follow::apply`] themselves.
+    async fn follow(server: &RedisServer, limiter: &Limiter, between: Option<Between>) -> Follow {
+        let registry = RedisRegistry::connect(&server.url(), "tollgate:", Duration::from_secs(2))
+            .await
+            .unwrap();
+        Follow {
+            registry,
+            name: "api".to_owned(),
+            limiters: vec![limiter.clone()],
+            tx: watch::channel(limiter.policy()).0,
+            between,
+        }
+    }
+
+    /// Runs `switch` once, the first time the hook is reached.
+    fn once(switch: impl Fn(&Limiter) + Send + Sync + 'static) -> Between {
+        let done = AtomicBool::new(false);
+        Box::new(move |l| {
+            if !done.swap(true, Ordering::SeqCst) {
+                switch(l);
+            }
+        })
+    }
+
+    /// A `Limiter::set_policy` of a newer generation lands between the follower's check of
+    /// the limiter's policy and its switch: the follower must not put the older publication
+    /// over it.
+    #[tokio::test]
+    async fn a_newer_policy_set_during_apply_is_not_overwritten() {
+        let server = RedisServer::start();
+        let l = limiter(generation(1));
+        let f = follow(&server, &l, Some(once(|l| l.set_policy(generation(3))))).await;
+        f.apply(generation(2));
+        assert_eq!(
+            l.policy().generation(),
+            3,
+            "the follower put generation 2 over the generation 3 set meanwhile"
+        );
+    }
+
+    /// Two followers of one limiter (two registries, say): the second applies a newer
+    /// publication while the first is between its check and its switch. The newest wins.
+    #[tokio::test]
+    async fn the_newest_of_two_racing_followers_wins() {
+        let server = RedisServer::start();
+        let l = limiter(generation(1));
+        let second = follow(&server, &l, None).await;
+        let first = follow(
+            &server,
+            &l,
+            Some(once(move |_| {
+                assert!(second.apply(generation(5)));
+            })),
+        )
+        .await;
+        first.apply(generation(4));
+        assert_eq!(
+            l.policy().generation(),
+            5,
+            "the older publication won the race"
+        );
+        // Either order ends on the newest: the older publication is now a no-op.
+        assert!(!follow(&server, &l, None).await.apply(generation(4)));
+        assert_eq!(l.policy().generation(), 5);
     }
 }
