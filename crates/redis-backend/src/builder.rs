@@ -183,7 +183,11 @@ impl RedisStore {
     /// initial node's credentials and TLS settings). A node whose connection stalls silently
     /// (a dropped path: calls abandoned at their deadlines) is probed with a `PING` within the
     /// connect timeout, and without an answer the cluster connection is replaced by a fresh
-    /// one, as the other connection kinds do. It never resends a command after a connection failure, so every decision is
+    /// one, as the other connection kinds do. A connection a node closes while idle (its
+    /// `timeout`, `CLIENT KILL`, a load balancer's idle cut) is replaced before the next call:
+    /// the store speaks RESP3, over which redis-rs hears of the close, unless the first
+    /// node's URL names a protocol (`?protocol=resp2`: then the first call on each closed
+    /// connection fails as unavailable). It never resends a command after a connection failure, so every decision is
     /// applied at most once. A batch ([`acquire_many`](tollgate_core::Store::acquire_many))
     /// sends all its scripts at once, each to its key's node: one round trip per node, the
     /// nodes in parallel. `CLUSTERDOWN` and `TRYAGAIN` are [`StoreError::Unavailable`].
@@ -483,18 +487,23 @@ impl RedisStoreBuilder {
                         )),
                     ));
                 }
+                // A node reached directly (see `Cluster`) gets the first node's settings: over
+                // RESP3 unless its URL names a protocol, as every node connection.
+                let node_info = redis::IntoConnectionInfo::into_connection_info(nodes[0].as_str())
+                    .map(|info| with_resp3(&nodes[0], info))
+                    .map_err(|e| invalid("cluster configuration", e))?;
                 // No retries by the connection itself: it would resend a request after a
-                // dropped connection. Redirections are followed in `connection.rs`.
+                // dropped connection. Redirections are followed in `connection.rs`. Over RESP3
+                // redis-rs hears when a node closes an idle connection and reconnects to that
+                // node before the next call, which otherwise failed on the closed connection.
                 let client =
                     redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+                        .use_protocol(node_info.redis_settings().protocol())
                         .retries(0)
                         .connection_timeout(self.connect_timeout)
                         .response_timeout(self.timeout.max(self.connect_timeout))
                         .build()
                         .map_err(|e| invalid("cluster configuration", e))?;
-                // A node reached directly (see `Cluster`) gets the first node's settings.
-                let node_info = redis::IntoConnectionInfo::into_connection_info(nodes[0].as_str())
-                    .map_err(|e| invalid("cluster configuration", e))?;
                 let node_config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.timeout.max(self.connect_timeout)));

@@ -979,10 +979,20 @@ impl Cluster {
             _ => redis::ConnectionAddr::Tcp(node.0.clone(), node.1),
         };
         let client = redis::Client::open(self.node_info.clone().set_addr(addr))?;
+        // Over RESP3 the connection flags itself broken when the node closes it
+        // ([`flag_broken_on_disconnect`]), and [`Cluster::direct`] connects afresh.
+        let health = Arc::default();
+        let config = if speaks_resp3(&client) {
+            self.node_config
+                .clone()
+                .set_push_sender(flag_broken_on_disconnect(&health))
+        } else {
+            self.node_config.clone()
+        };
         let conn = client
-            .get_multiplexed_async_connection_with_config(&self.node_config)
+            .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let held = (conn, Arc::default());
+        let held = (conn, health);
         let mut direct = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
         if direct.len() >= MAX_DIRECT_NODES {
             direct.clear();
@@ -1004,7 +1014,8 @@ impl Cluster {
 
     /// Sends `cmd` to the node at `host:port` on a direct connection (preceded by `ASKING`
     /// for `ask`), made on first use. A failed connection is forgotten; so is one that a call
-    /// abandoned after [`STALL_FLOOR_US`] suspects and a `PING` does not clear ([`Health`]).
+    /// abandoned after [`STALL_FLOOR_US`] suspects and a `PING` does not clear ([`Health`]),
+    /// and one the node closed while idle (heard over RESP3).
     async fn direct(
         self: &Arc<Self>,
         host: &str,
@@ -1013,12 +1024,17 @@ impl Cluster {
         ask: bool,
     ) -> RedisResult<Value> {
         let node = (host.to_owned(), port);
-        let held = self
-            .direct
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&node)
-            .cloned();
+        // one the node closed is dropped here (the connection flagged itself broken)
+        let held = {
+            let mut direct = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+            if direct
+                .get(&node)
+                .is_some_and(|(_, health)| health.broken.load(Ordering::Acquire))
+            {
+                direct.remove(&node);
+            }
+            direct.get(&node).cloned()
+        };
         let (mut conn, health) = if let Some(held) = held {
             held
         } else {

@@ -616,3 +616,136 @@ async fn a_batch_in_the_ask_window_keeps_its_order_while_the_script_cache_churns
         "rounds applied out of order (round, first index, remaining): {out_of_order:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Idle connections closed by the nodes
+
+/// Closes every normal client connection of `node` except the caller's: what a node's
+/// idle-client `timeout`, an operator's `CLIENT KILL` or a load balancer's idle cut does.
+fn kill_clients(node: &RedisServer) -> i64 {
+    let mut admin = node.client().get_connection().unwrap();
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut admin)
+        .unwrap()
+}
+
+/// Every node closes the store's connections while no call is in flight; Redis answers all
+/// along, so no later call may fail as unavailable (that would apply the failure mode against
+/// a healthy cluster). On RESP2 redis-rs cannot hear of the close: the first call on each
+/// node's closed connection failed with a broken pipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_store_survives_idle_connections_closed_by_every_node() {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::token_bucket(1000, Rate::new(1, HOUR)).unwrap();
+    let keys: Vec<Key> = (0..12)
+        .map(|i| Key::new("idle", [format!("k{i}")]).unwrap())
+        .collect();
+    let nodes: BTreeSet<usize> = cluster
+        .nodes_for_keys(keys.iter().map(|k| store.redis_key(k, &policy)))
+        .into_iter()
+        .collect();
+    assert_eq!(nodes.len(), 3, "the keys spread over every primary");
+    for key in &keys {
+        store.acquire(key, &policy, 1).await.unwrap();
+    }
+    for node in cluster.nodes() {
+        let killed = tokio::task::block_in_place(|| kill_clients(node));
+        assert!(killed >= 1, "killed {killed}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut failures = Vec::new();
+    for key in &keys {
+        if let Err(e) = store.acquire(key, &policy, 1).await {
+            failures.push(e.to_string());
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} calls failed: {failures:?}",
+        failures.len(),
+        keys.len()
+    );
+}
+
+/// The same for the direct connection to a node that joined after the store connected (a slot
+/// moving to it, in the ASK window): the node closes it while idle, and the next call for the
+/// moving slot must not fail on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_connection_closed_by_a_joined_node_is_replaced_before_the_next_call() {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
+    let key = Key::new("idle-direct", ["k0"]).unwrap();
+    let rkey = store.redis_key(&key, &policy);
+    let slot = RedisCluster::slot_of(&rkey);
+    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
+    let new = RedisCluster::empty_node();
+    let new_id = tokio::task::block_in_place(|| cluster.join(&new, new.port()));
+    let from = cluster.node_for_slot(slot);
+    let from_id = cluster.node_id(from).to_owned();
+    let setslot = |server: &RedisServer, state: &str, id: &str| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(id)
+            .query(&mut server.client().get_connection().unwrap())
+            .unwrap();
+    };
+    setslot(&new, "IMPORTING", &from_id);
+    setslot(&cluster.nodes()[from], "MIGRATING", &new_id);
+    let () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(new.port())
+        .arg(&rkey)
+        .arg(0)
+        .arg(5000)
+        .query(&mut cluster.nodes()[from].client().get_connection().unwrap())
+        .unwrap();
+    // the first call in the ASK window connects to the new node directly
+    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 98);
+    let killed = tokio::task::block_in_place(|| kill_clients(&new));
+    assert!(killed >= 1, "killed {killed}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut results = Vec::new();
+    for _ in 0..4 {
+        let got = store.acquire(&key, &policy, 1).await;
+        results.push(got.map(|d| d.remaining).map_err(|e| e.to_string()));
+    }
+    assert_eq!(
+        results,
+        (94..=97).rev().map(Ok).collect::<Vec<_>>(),
+        "calls on the new node after it closed the store's idle connection"
+    );
+}
+
+/// Initial nodes whose URL names RESP2 keep it (the store then cannot hear of an idle close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_url_naming_resp2_is_honoured() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster
+        .urls()
+        .into_iter()
+        .map(|url| format!("{url}?protocol=resp2"))
+        .collect();
+    let store = store(urls).await;
+    let policy = Policy::token_bucket(10, Rate::new(1, HOUR)).unwrap();
+    let key = Key::new("resp2", ["k0"]).unwrap();
+    assert!(store.acquire(&key, &policy, 1).await.unwrap().allowed);
+    for node in cluster.nodes() {
+        let mut admin = node.client().get_connection().unwrap();
+        let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
+        let store_clients: Vec<&str> = clients
+            .lines()
+            .filter(|l| !l.contains("cmd=client|list"))
+            .collect();
+        assert!(
+            !store_clients.is_empty() && store_clients.iter().all(|l| l.contains("resp=2")),
+            "{clients}"
+        );
+    }
+}
