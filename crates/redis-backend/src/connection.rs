@@ -182,9 +182,6 @@ pub(crate) struct Health {
     last_reply_us: AtomicU64,
     /// A suspicion was raised and its probe has not finished.
     probing: AtomicBool,
-    /// A pooled connection's suspicion waits for its next checkout to start the probe (which
-    /// needs a handle on the connection that the call that raised it did not keep).
-    probe_wanted: AtomicBool,
     broken: AtomicBool,
 }
 
@@ -510,17 +507,6 @@ async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<Health
             }
         };
         let health = &pooled.health;
-        if health.probe_wanted.load(Ordering::Relaxed)
-            && health.probe_wanted.swap(false, Ordering::AcqRel)
-        {
-            let suspect = Arc::clone(health);
-            probe(
-                pooled.conn.clone(),
-                Arc::clone(health),
-                pool.probe_limit,
-                move || suspect.broken.store(true, Ordering::Relaxed),
-            );
-        }
         // A broken connection goes back now, and bb8 drops it (`has_broken`).
         if !health.broken.load(Ordering::Relaxed) {
             return Ok((pooled.conn.clone(), Arc::clone(health)));
@@ -531,24 +517,57 @@ async fn checkout(pool: &Pool) -> RedisResult<(MultiplexedConnection, Arc<Health
 impl Pool {
     /// Checks a connection out, runs `call` on it, and flags the connection broken if the call
     /// failed with an error that needs a reconnect, or stalled ([`Health`]: abandoned after a
-    /// wait with nothing back on the connection, and then silent to a `PING`); the next
-    /// checkout then drops it and bb8 makes a new one.
+    /// wait with nothing back on the connection, and then silent to a `PING`, sent at once);
+    /// the next checkout then drops it and bb8 makes a new one.
     async fn send<T>(
         &self,
         call: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
     ) -> RedisResult<T> {
-        let (mut conn, health) = checkout(self).await?;
-        let flight = InFlight::new(&health, || {
-            health.probe_wanted.store(true, Ordering::Release);
-        });
-        let result = call(&mut conn).await;
-        flight.done(result.is_ok());
-        if let Err(e) = &result
+        let (conn, health) = checkout(self).await?;
+        let mut flight = PooledCall {
+            conn,
+            health,
+            sent_us: now_us(),
+            probe_limit: self.probe_limit,
+            answered: false,
+        };
+        let result = call(&mut flight.conn).await;
+        flight.answered = true;
+        if result.is_ok() {
+            flight.health.replied(flight.sent_us);
+        } else if let Err(e) = &result
             && e.is_unrecoverable_error()
         {
-            health.broken.store(true, Ordering::Relaxed);
+            flight.health.broken.store(true, Ordering::Relaxed);
         }
         result
+    }
+}
+
+/// One call on a pooled connection ([`InFlight`] for the pool, which holds the connection so
+/// that a call abandoned on a suspected stall probes it at once): dropped unanswered, it probes
+/// the connection if the drop raises a suspicion ([`Health`]), and the probe's silence flags
+/// the connection broken. (The probe waited for the connection's next checkout before, so
+/// that checkout's call went to the dead path too.)
+struct PooledCall {
+    conn: MultiplexedConnection,
+    health: Arc<Health>,
+    sent_us: u64,
+    probe_limit: Duration,
+    answered: bool,
+}
+
+impl Drop for PooledCall {
+    fn drop(&mut self) {
+        if !self.answered && self.health.suspect(self.sent_us) {
+            let suspect = Arc::clone(&self.health);
+            probe(
+                self.conn.clone(),
+                Arc::clone(&self.health),
+                self.probe_limit,
+                move || suspect.broken.store(true, Ordering::Release),
+            );
+        }
     }
 }
 

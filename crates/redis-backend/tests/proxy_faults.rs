@@ -239,6 +239,46 @@ async fn a_connection_that_hangs_silently_is_replaced() {
     }
 }
 
+/// Sparse traffic after a silent hang: the call abandoned at its deadline has the connection
+/// probed at once, so a call that comes after the probe's limit (the connect timeout) goes over
+/// a new connection. A pooled connection's probe waited for the connection's next checkout, so
+/// that call went to the dead path too and timed out: one more failed call per stalled
+/// connection, however long the next call came after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_is_probed_before_the_next_call() {
+    const CONNECT: Duration = Duration::from_millis(200);
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    for name in KINDS {
+        let builder = RedisStore::builder(proxy.url())
+            .timeout(DEADLINE)
+            .connect_timeout(CONNECT);
+        let store = if name == "pool" {
+            builder.pool(1)
+        } else {
+            builder.multiplexed()
+        }
+        .build()
+        .await
+        .unwrap();
+        bounded(&store, 0).await.0.unwrap();
+        proxy.stall_open();
+        let (out, _) = bounded(&store, 1).await;
+        assert!(
+            matches!(out, Err(StoreError::Timeout(_))),
+            "{name}: the stalled connection's call times out: {out:?}"
+        );
+        // Five times the probe's limit: its verdict is in.
+        tokio::time::sleep(CONNECT * 5).await;
+        let (out, _) = bounded(&store, 2).await;
+        assert!(
+            out.is_ok(),
+            "{name}: the next call, {:?} later: {out:?}",
+            CONNECT * 5
+        );
+    }
+}
+
 /// Callers that give up early (a cancelled request: the future dropped after 5 ms, on a
 /// connection whose round trip takes 40 ms) say nothing of the connection: it is kept, not
 /// replaced, and the next call goes over it.
