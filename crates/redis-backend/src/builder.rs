@@ -528,7 +528,7 @@ impl RedisStoreBuilder {
 /// `CLIENT KILL`, a load balancer's idle cut), so the store moves to a fresh connection
 /// before the next call rather than failing that call as if Redis were down. The store's
 /// replies read the same under both protocols.
-fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+pub(crate) fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
     // the query's own parameters only: a password or path may contain the text
     let query = url.split_once('?').map_or("", |(_, q)| q);
     let query = query.split_once('#').map_or(query, |(q, _)| q);

@@ -19,6 +19,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use tollgate_core::{Key, Policy, SpecError, StoreError};
 
+use crate::builder::with_resp3;
 use crate::error::classify;
 
 /// Why a registry call failed.
@@ -80,6 +81,11 @@ pub enum Published {
 /// next one goes over a new connection), and is replaced after a call times out: a path that
 /// died without a reset (a NAT or firewall dropping its state) answers nothing, and would
 /// otherwise time every later call out for good.
+///
+/// Like the store, the registry speaks RESP3 unless its URL's query names a protocol
+/// (`?protocol=resp2`): a connection the server closes while idle (Redis's `timeout`,
+/// `CLIENT KILL`, a load balancer's idle cut) is then replaced before the next call, which
+/// succeeds. Over RESP2 the first call after such a close fails as unavailable.
 #[derive(Clone)]
 pub struct RedisRegistry {
     client: redis::Client,
@@ -120,7 +126,12 @@ impl RedisRegistry {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Self, RegistryError> {
-        let client = redis::Client::open(url).map_err(|e| classify(&e))?;
+        // RESP3 unless the URL names a protocol, as the store: redis-rs then tells the
+        // connection manager when the server closes its connection while idle, and it
+        // reconnects before the next call instead of failing it.
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| classify(&e))?;
+        let client = redis::Client::open(with_resp3(url, info)).map_err(|e| classify(&e))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use tollgate_core::{Key, Policy, Rate, Store, StoreError};
-use tollgate_redis::RedisStore;
+use tollgate_redis::{RedisRegistry, RedisStore};
 use tollgate_testkit::server::RedisServer;
 
 fn policy() -> Policy {
@@ -150,4 +150,133 @@ async fn a_password_containing_protocol_eq_still_gets_resp3() {
         .unwrap();
     let failures = after_an_idle_close(&server, &store).await;
     assert!(failures.is_empty(), "pool: {failures:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The policy registry: its connection manager, and its subscription.
+
+/// The registry's deadline in these tests.
+const REGISTRY_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn registry(url: &str) -> RedisRegistry {
+    RedisRegistry::connect(url, "tollgate:", REGISTRY_TIMEOUT)
+        .await
+        .unwrap()
+}
+
+/// The ids of the clients of `kind` (`normal`, `pubsub`) connected to `server`, the caller's
+/// own connection (a new one, so that the server's idle `timeout` has not closed it) excepted.
+fn clients_of(server: &RedisServer, kind: &str) -> Vec<i64> {
+    let mut admin = server.client().get_connection().unwrap();
+    let own: i64 = redis::cmd("CLIENT").arg("ID").query(&mut admin).unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", kind])
+        .query(&mut admin)
+        .unwrap();
+    list.lines()
+        .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .filter(|&id| id != own)
+        .collect()
+}
+
+/// Waits, at most 100 × 10 ms, until `done` holds of the normal clients of `server`; whether
+/// it did.
+async fn wait_for_clients(server: &RedisServer, done: impl Fn(&[i64]) -> bool) -> bool {
+    for _ in 0..100 {
+        if tokio::task::block_in_place(|| done(&clients_of(server, "normal"))) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// One registry call of each kind, each the first after the server closed every normal
+/// connection (`CLIENT KILL TYPE normal`) while the registry was idle: the failures among them.
+/// The idle time after each close lasts until the registry has a new connection, or 1 s when
+/// it makes none (over RESP2 it cannot hear of the close).
+async fn registry_after_idle_closes(server: &RedisServer, reg: &RedisRegistry) -> Vec<String> {
+    let mut failures = Vec::new();
+    for call in ["get", "publish", "list", "announce_reset"] {
+        // a working connection to close (after a failed call, the one made to replace it)
+        let mut warm = reg.publish("api", &policy()).await;
+        for _ in 0..3 {
+            if warm.is_ok() {
+                break;
+            }
+            warm = reg.publish("api", &policy()).await;
+        }
+        warm.unwrap();
+        let killed = tokio::task::block_in_place(|| kill_clients(server));
+        assert!(killed >= 1, "killed {killed}");
+        wait_for_clients(server, |ids| !ids.is_empty()).await;
+        let out = match call {
+            "get" => reg.get("api").await.map(drop),
+            "publish" => reg.publish("api", &policy()).await.map(drop),
+            "list" => reg.list().await.map(drop),
+            _ => reg.announce_reset("api", "k").await.map(drop),
+        };
+        if let Err(e) = out {
+            failures.push(format!("{call}: {e:?}"));
+        }
+    }
+    failures
+}
+
+/// Before the registry spoke RESP3, the first call of each kind after the close failed
+/// (`Store(Unavailable { "Redis: I/O error", broken pipe })`) against a healthy Redis: a
+/// follower's poll, an operator's `publish`, and a reset's announcement failed for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_survives_an_idle_connection_closed_by_the_server() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url()).await;
+    let failures = registry_after_idle_closes(&server, &reg).await;
+    assert!(failures.is_empty(), "registry: {failures:?}");
+}
+
+/// The server's own idle-client `timeout` (1 s), reached by moving the server's clock 10 s
+/// forward rather than by waiting: the registry's connection is closed (checked), and the
+/// next call succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_survives_the_servers_idle_client_timeout() {
+    let server = RedisServer::builder()
+        .clock_control(true)
+        .extra_args(["--timeout", "1"])
+        .start();
+    let reg = registry(&server.url()).await;
+    reg.publish("api", &policy()).await.unwrap();
+    let before = tokio::task::block_in_place(|| clients_of(&server, "normal"));
+    assert!(!before.is_empty());
+    server.clock().advance(Duration::from_secs(10));
+    let closed = wait_for_clients(&server, |ids| !ids.iter().any(|id| before.contains(id))).await;
+    assert!(
+        closed,
+        "the server did not close the idle connections {before:?}"
+    );
+    let out = reg.get("api").await;
+    assert!(
+        matches!(out, Ok(Some(_))),
+        "registry after the server's idle timeout: {out:?}"
+    );
+}
+
+/// The registry speaks RESP3 unless its URL's query names a protocol, as the store does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_speaks_resp3_unless_the_url_names_a_protocol() {
+    for (query, resp) in [("", "resp=3"), ("?protocol=resp2", "resp=2")] {
+        let server = RedisServer::start();
+        let reg = registry(&format!("{}{query}", server.url())).await;
+        reg.get("api").await.unwrap();
+        let mut admin = server.client().get_connection().unwrap();
+        let clients: String = redis::cmd("CLIENT")
+            .arg(&["LIST", "TYPE", "normal"])
+            .query(&mut admin)
+            .unwrap();
+        let registry_conns: Vec<&str> =
+            clients.lines().filter(|l| l.contains("cmd=hget")).collect();
+        assert!(
+            !registry_conns.is_empty() && registry_conns.iter().all(|l| l.contains(resp)),
+            "{query:?}: {clients}"
+        );
+    }
 }
