@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use tollgate_core::{Key, Policy, Rate, Store, StoreError};
-use tollgate_redis::{RedisRegistry, RedisStore};
+use tollgate_redis::{Notice, RedisRegistry, RedisStore};
 use tollgate_testkit::server::RedisServer;
 
 fn policy() -> Policy {
@@ -279,4 +279,84 @@ async fn registry_speaks_resp3_unless_the_url_names_a_protocol() {
             "{query:?}: {clients}"
         );
     }
+}
+
+/// A subscription the server closes (`CLIENT KILL TYPE pubsub`) ends — its next notice is
+/// `None` — and no longer answers `alive`, so `PolicyFollower` resubscribes; a new
+/// subscription hears the next announcement. Over either protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_closed_by_the_server_ends_and_is_not_alive() {
+    for query in ["", "?protocol=resp2"] {
+        let server = RedisServer::start();
+        let reg = registry(&format!("{}{query}", server.url())).await;
+        let mut sub = reg.subscribe().await.unwrap();
+        assert!(sub.alive().await, "{query:?}");
+        assert_eq!(
+            reg.announce_reset("api", "k").await.unwrap(),
+            1,
+            "{query:?}"
+        );
+        let heard = tokio::time::timeout(REGISTRY_TIMEOUT, sub.next_notice()).await;
+        assert!(
+            matches!(heard, Ok(Some(Notice::Reset { .. }))),
+            "{query:?}: {heard:?}"
+        );
+
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "pubsub"])
+            .query(&mut server.client().get_connection().unwrap())
+            .unwrap();
+        assert_eq!(killed, 1, "{query:?}");
+        let ended = tokio::time::timeout(REGISTRY_TIMEOUT, sub.next_notice()).await;
+        assert!(matches!(ended, Ok(None)), "{query:?}: {ended:?}");
+        assert!(!sub.alive().await, "{query:?}");
+
+        let mut again = reg.subscribe().await.unwrap();
+        assert_eq!(
+            reg.announce_reset("api", "k2").await.unwrap(),
+            1,
+            "{query:?}"
+        );
+        let heard = tokio::time::timeout(REGISTRY_TIMEOUT, again.next_notice()).await;
+        assert_eq!(
+            heard.ok().flatten(),
+            Some(Notice::Reset {
+                name: "api".into(),
+                key: "k2".into()
+            }),
+            "{query:?}"
+        );
+    }
+}
+
+/// Subscriptions are exempt from the server's idle `timeout` (Redis 7.0; here over RESP3, the
+/// default): one idle past it still hears a publication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_outlives_the_servers_idle_client_timeout() {
+    let server = RedisServer::builder()
+        .clock_control(true)
+        .extra_args(["--timeout", "1"])
+        .start();
+    let reg = registry(&server.url()).await;
+    let mut sub = reg.subscribe().await.unwrap();
+    let subscribed = tokio::task::block_in_place(|| clients_of(&server, "pubsub"));
+    assert_eq!(subscribed.len(), 1);
+    let before = tokio::task::block_in_place(|| clients_of(&server, "normal"));
+    server.clock().advance(Duration::from_secs(10));
+    // the registry's normal connection is closed: the server's cron has passed its clients
+    let closed = wait_for_clients(&server, |ids| !ids.iter().any(|id| before.contains(id))).await;
+    assert!(
+        closed,
+        "the server did not close the idle connections {before:?}"
+    );
+    assert_eq!(
+        tokio::task::block_in_place(|| clients_of(&server, "pubsub")),
+        subscribed
+    );
+    assert!(sub.alive().await);
+    // a new registry, so that this test does not depend on the closed connection's fate
+    let publisher = registry(&server.url()).await;
+    publisher.publish("api", &policy()).await.unwrap();
+    let heard = tokio::time::timeout(REGISTRY_TIMEOUT, sub.next()).await;
+    assert_eq!(heard.ok().flatten().as_deref(), Some("api"));
 }
