@@ -383,8 +383,7 @@ impl RedisStoreBuilder {
         check_prefix(&self.prefix)?;
         let conn = match (&self.target, self.kind) {
             (Target::Url(url), Kind::Multiplexed) => {
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|e| StoreError::unavailable(format!("invalid Redis URL: {e}"), e))?;
+                let client = client(url)?;
                 ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
                     .map(|manager| self.multiplexed_conn(manager, client))
                     .map_err(|e| classify(&e))?
@@ -430,10 +429,7 @@ impl RedisStoreBuilder {
         };
         match &self.target {
             Target::Url(url) => {
-                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
-                    .map_err(|e| invalid("Redis URL", e))?;
-                let client = redis::Client::open(with_resp3(url, info))
-                    .map_err(|e| invalid("Redis URL", e))?;
+                let client = client(url)?;
                 // No response timeout from redis-rs (its default is 500 ms, which would cut
                 // short calls the store gives longer): the store's own deadline bounds every
                 // call, and `build` is bounded by the connect timeout.
@@ -521,6 +517,15 @@ impl RedisStoreBuilder {
             }
         }
     }
+}
+
+/// The client for a single server at `url`, over RESP3 unless the URL names a protocol
+/// ([`with_resp3`]): `build` and `build_lazy` connect alike.
+fn client(url: &str) -> Result<redis::Client, StoreError> {
+    let invalid =
+        |e: redis::RedisError| StoreError::unavailable(format!("invalid Redis URL: {e}"), e);
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(invalid)?;
+    redis::Client::open(with_resp3(url, info)).map_err(invalid)
 }
 
 /// `info` over RESP3 unless its URL names a protocol (`?protocol=resp2`): redis-rs tells a

@@ -72,6 +72,22 @@ async fn multiplexed_store_survives_an_idle_connection_closed_by_the_server() {
     assert!(failures.is_empty(), "multiplexed: {failures:?}");
 }
 
+/// `build_lazy` makes the same connection as `build`: a lazily built multiplexed store (the
+/// one kind `build_lazy` builds itself) speaks RESP3 as well, so an idle close fails nothing.
+/// Before, it connected over RESP2 and the first call after the close failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazily_built_multiplexed_store_survives_an_idle_connection_closed_by_the_server() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(2))
+        .multiplexed()
+        .build_lazy()
+        .await
+        .unwrap();
+    let failures = after_an_idle_close(&server, &store).await;
+    assert!(failures.is_empty(), "lazy multiplexed: {failures:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_store_survives_an_idle_connection_closed_by_the_primary() {
     let server = RedisServer::start();

@@ -10,8 +10,10 @@
 //! connection dropped, or the follower started mid-publication — the next poll finds it: a
 //! follower switches at most `poll_interval + timeout` after a publication (the registry's
 //! call deadline), however the notification fares, as long as Redis answers the poll. After
-//! Redis restarts or drops the registry's connection, the poll that meets the failure reports
-//! it and the connection reconnects, so the bound holds again from the next poll. A
+//! Redis restarts or a connection breaks under a call, the poll that meets the failure reports
+//! it and the connection reconnects, so the bound holds again from the next poll (a
+//! connection the server closes while idle is replaced before the next call, which then
+//! succeeds: the registry speaks RESP3, see [`RedisRegistry`]). A
 //! connection that falls silent (a path that died without a reset) is replaced after a call
 //! times out, and each poll checks that the subscription answers a `PING`, resubscribing if
 //! it does not: a silent subscription would never end, and its notices (resets among them)
