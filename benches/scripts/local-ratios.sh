@@ -14,10 +14,13 @@ TARGET=${CARGO_TARGET_DIR:-target}
 OUT=$(mktemp -d)
 for r in $(seq "$ROUNDS"); do
   ORDER=tollgate-first; [ $((r % 2)) -eq 0 ] && ORDER=governor-first
+  touch "$OUT/start$r"
   LOCAL_BENCH_ORDER=$ORDER cargo bench -q -p tollgate-benches --bench local -- --warm-up-time 1 \
     --measurement-time 3 ${FILTER:+"$FILTER"} >"$OUT/round$r.log" 2>&1
   for g in "$TARGET"/criterion/local_*; do
     [ -f "$g/tollgate/new/estimates.json" ] || continue
+    # only groups this round measured (not a group an older bench left in the target dir)
+    [ "$g/tollgate/new/estimates.json" -nt "$OUT/start$r" ] && [ "$g/governor/new/estimates.json" -nt "$OUT/start$r" ] || continue
     [ -z "$FILTER" ] || [[ "$(basename "$g")" == *"${FILTER//\//_}"* ]] || continue
     echo "$(basename "$g") $r $(python3 -c '
 import json,sys
