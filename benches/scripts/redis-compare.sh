@@ -30,6 +30,20 @@ FW="fixed-window:limit=100,window=1m"
 SL="sliding-log:limit=100,window=1m"
 
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+# load ARGS...: `tollgate load ARGS --json` (pinned to CPU $PIN_CPU if set), its JSON on stdout.
+# A run in which any call got no decision (timeout, store error) stops the whole script, naming
+# the run: its throughput would not be a measure of decisions, and no row is printed from it.
+load() {
+  local out
+  out=$(${PIN_CPU:+taskset -c "$PIN_CPU"} $B load "$@" --json) || { echo "redis-compare.sh: failed: tollgate load $*" >&2; return 1; }
+  echo "$out" | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+if d['errors']:
+    sys.exit('redis-compare.sh: %d of %d requests got no decision (first error: %s) in: tollgate load %s'
+             % (d['errors'], d['requests'], d['first_error'], sys.argv[1]))" "$*" || return 1
+  echo "$out"
+}
 
 echo "## Redis path ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $N requests per run, load tool runtime threads: $THREADS)"
 echo
@@ -44,7 +58,7 @@ for P in "${POLICIES[@]}"; do
   for conn in multiplexed pool16; do
     for tasks in 1 4 16 64; do
       extra="--multiplexed"; [ "$conn" = pool16 ] && extra="--pool 16"
-      out=$($B load --threads "$THREADS" --redis "$URL" --policy "$P" --tasks "$tasks" --requests "$N" --keys 100000 $extra --json --compare-redis-benchmark)
+      out=$(load --threads "$THREADS" --redis "$URL" --policy "$P" --tasks "$tasks" --requests "$N" --keys 100000 $extra --compare-redis-benchmark)
       echo "$out" | j "'| ${P%%:*} | $conn | $tasks | %.0f | %.1f | %.1f | %.0f | %.2f | %.0f | %.2f |' % (d['decisions_per_sec'], d['latency_us']['p50'], d['latency_us']['p99'], d['redis_benchmark'][0]['requests_per_sec'], d['redis_benchmark'][0]['tollgate_ratio'], d['redis_benchmark'][1]['requests_per_sec'], d['redis_benchmark'][1]['tollgate_ratio'])"
       echo "$out" | j "'${P%%:*},$conn,$tasks,%.0f,%.0f,%.0f' % (d['decisions_per_sec'], d['redis_benchmark'][0]['requests_per_sec'], d['redis_benchmark'][1]['requests_per_sec'])" >> "$CSV"
     done
@@ -125,7 +139,7 @@ for tasks in 16 64; do
     extra="--multiplexed"; [ "$conn" != multiplexed ] && extra="--pool $conn"
     rates=(); p50s=(); p99s=()
     for _ in 1 2 3; do
-      out=$($B load --threads "$THREADS" --redis "$URL" --policy "$TB" --tasks "$tasks" --requests "$N" --keys 100000 $extra --json)
+      out=$(load --threads "$THREADS" --redis "$URL" --policy "$TB" --tasks "$tasks" --requests "$N" --keys 100000 $extra)
       rates+=("$(echo "$out" | j "round(d['decisions_per_sec'])")")
       p50s+=("$(echo "$out" | j "d['latency_us']['p50']")")
       p99s+=("$(echo "$out" | j "d['latency_us']['p99']")")
@@ -148,7 +162,7 @@ echo "|---:|---|---|---:|"
 declare -A TR TC TQ
 for _ in 1 2 3; do
   for t in 1 2; do
-    out=$($B load --threads "$t" --redis "$URL" --policy "$TB" --tasks 64 --requests "$N" --keys 100000 --multiplexed --json --compare-redis-benchmark)
+    out=$(load --threads "$t" --redis "$URL" --policy "$TB" --tasks 64 --requests "$N" --keys 100000 --multiplexed --compare-redis-benchmark)
     TR[$t]+="$(echo "$out" | j "round(d['decisions_per_sec'])") "
     TC[$t]+="$(echo "$out" | j "round(d['redis_benchmark'][1]['requests_per_sec'])") "
     TQ[$t]+="$(echo "$out" | j "d['redis_benchmark'][1]['tollgate_ratio']") "
@@ -176,7 +190,7 @@ echo "|---|---|---:|---:|"
 RPID=$(redis-cli -p "$PORT" info server | tr -d '\r' | sed -n 's/^process_id://p')
 taskset -pc 0 "$RPID" >/dev/null
 declare -A LAT
-p50() { taskset -c 0 $B load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) "$@" --json | j "d['latency_us']['p50']"; }
+p50() { PIN_CPU=0 load --redis "$URL" --policy "$TB" --tasks 1 --requests $((N / 5)) "$@" | j "d['latency_us']['p50']"; }
 for _ in 1 2 3 4 5; do
   LAT[ping]+="$(p50 --ping) "
   for f in empty time read write; do
@@ -209,7 +223,7 @@ echo
 echo "| keys per call | decisions/s |"
 echo "|---:|---:|"
 for b in 1 16; do
-  $B load --threads "$THREADS" --redis "$URL" --policy "$TB" --tasks 4 --requests "$N" --keys 100000 --batch $b --json | j "'| $b | %.0f |' % d['decisions_per_sec']"
+  load --threads "$THREADS" --redis "$URL" --policy "$TB" --tasks 4 --requests "$N" --keys 100000 --batch $b | j "'| $b | %.0f |' % d['decisions_per_sec']"
 done
 echo
 echo "### Hot abusive key (fixed window, limit 10 per hour, one key, 64 tasks, 3 s; the runtime's default threads, as a service would run)"
@@ -217,8 +231,8 @@ echo
 echo "| deny cache | decisions/s |"
 echo "|---|---:|"
 redis-cli -p "$PORT" flushall >/dev/null
-a=$($B load --redis "$URL" --policy "fixed-window:limit=10,window=1h" --tasks 64 --duration 3s --keys 1 --json | j "d['decisions_per_sec']")
-bb=$($B load --redis "$URL" --policy "fixed-window:limit=10,window=1h" --tasks 64 --duration 3s --keys 1 --deny-cache 10000 --json | j "d['decisions_per_sec']")
+a=$(load --redis "$URL" --policy "fixed-window:limit=10,window=1h" --tasks 64 --duration 3s --keys 1 | j "d['decisions_per_sec']")
+bb=$(load --redis "$URL" --policy "fixed-window:limit=10,window=1h" --tasks 64 --duration 3s --keys 1 --deny-cache 10000 | j "d['decisions_per_sec']")
 printf '| off | %.0f |\n| on | %.0f |\n\nratio on/off: %s\n' "$a" "$bb" "$(python3 -c "print(round($bb/$a, 1))")"
 echo
 echo "### MEMORY USAGE per idle key"
@@ -242,7 +256,7 @@ echo "| policy | admitted / denied | value bytes | MEMORY USAGE bytes |"
 echo "|---|---:|---:|---:|"
 for L in 10 100 1000; do
   # one task, one call at a time: every admission at its own microsecond, so none merge
-  ad=$($B load --redis "$URL" --policy "sliding-log:limit=$L,window=1h" --keys 1 --tasks 1 --requests $((L + 5)) --prefix "bound$L:" --json | j "'%d / %d' % (d['allowed'], d['denied'])")
+  ad=$(load --redis "$URL" --policy "sliding-log:limit=$L,window=1h" --keys 1 --tasks 1 --requests $((L + 5)) --prefix "bound$L:" | j "'%d / %d' % (d['allowed'], d['denied'])")
   k="bound$L:{load:k0}"
   echo "| sliding-log:limit=$L,window=1h | $ad | $(redis-cli -p "$PORT" strlen "$k") | $(redis-cli -p "$PORT" memory usage "$k") |"
 done

@@ -34,7 +34,7 @@ pub(crate) struct Ceiling {
     pub requests: u64,
     /// Requests per second over the run.
     pub requests_per_sec: f64,
-    /// tollgate's decisions/s divided by this ceiling.
+    /// tollgate's answered decisions/s (errors excluded) divided by this ceiling.
     pub tollgate_ratio: f64,
 }
 

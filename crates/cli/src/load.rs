@@ -365,9 +365,12 @@ pub(crate) struct Summary {
     keys: usize,
     cost: u64,
     elapsed_secs: f64,
+    /// Requests issued: `allowed + denied + errors`.
     requests: u64,
     allowed: u64,
     denied: u64,
+    /// Requests that got no decision (the store did not answer in time, a script error…):
+    /// never counted in `decisions_per_sec` or in a ratio built on it.
     errors: u64,
     /// The failure mode every instance ran with.
     fail_mode: &'static str,
@@ -377,6 +380,7 @@ pub(crate) struct Summary {
     /// way to `degraded`, `bypassed` or `unavailable`.
     timeline: Vec<Slot>,
     admitted_cost: u64,
+    /// Answered decisions (`allowed + denied`, errors excluded) per second of the run.
     decisions_per_sec: f64,
     /// Keys decided per call (`--batch`); latency is per call.
     batch: u64,
@@ -599,6 +603,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     let denied = counters.total.denied.load(Ordering::Relaxed);
     let errors = counters.total.errors.load(Ordering::Relaxed);
     let requests = allowed + denied + errors;
+    let decided = allowed + denied;
     let used = ((elapsed.as_secs_f64() / SLOT.as_secs_f64()).ceil() as usize)
         .clamp(1, counters.slots.len());
     let timeline = counters.slots[..used]
@@ -635,7 +640,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         by_enforcement: counters.total.slot(0.0),
         timeline,
         admitted_cost: saturate(u128::from(allowed) * u128::from(args.cost)),
-        decisions_per_sec: requests as f64 / elapsed.as_secs_f64(),
+        decisions_per_sec: decided as f64 / elapsed.as_secs_f64(),
         batch: args.batch,
         latency_us: Latency {
             p50: hist.value_at_quantile(0.5) as f64 / 1e3,
@@ -715,7 +720,10 @@ fn print_human(s: &Summary) {
             );
         }
     }
-    println!("throughput  {:.0} decisions/s", s.decisions_per_sec);
+    println!(
+        "throughput  {:.0} decisions/s (answered only: {} error(s) not counted)",
+        s.decisions_per_sec, s.errors
+    );
     println!(
         "latency     p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
         s.latency_us.p50, s.latency_us.p99, s.latency_us.p999, s.latency_us.max
