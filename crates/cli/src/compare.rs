@@ -1,8 +1,9 @@
-//! `tollgate load --redis URL --compare-redis-benchmark`: runs the very script, argument and key
-//! shape tollgate used, on the same server, right after tollgate's own run, the way
-//! `redis-benchmark -c C -P P -r KEYS` would (C connections, each sending P `EVALSHA` at a time
-//! and waiting for their replies, no limiter code), and reports tollgate's decisions/s as a
-//! ratio of that ceiling. redis-benchmark itself cannot run it: the script's one argument is
+//! `tollgate load --redis URL --compare-redis-benchmark`: runs the very script, argument, key
+//! shape and visiting order tollgate used (request n on `load:k<n mod KEYS>`), on the same
+//! server, right after tollgate's own run and on keys of its own ([`RunPrefixes`]), the way
+//! `redis-benchmark -c C -P P` would (C connections, each sending P `EVALSHA` at a time and
+//! waiting for their replies, no limiter code), and reports tollgate's answered decisions/s as
+//! a ratio of that ceiling. redis-benchmark itself cannot run it: the script's one argument is
 //! binary (MessagePack, see `tollgate_redis::scripts`) and redis-benchmark cuts an argument at
 //! its first NUL byte, so the same loop is driven here over raw connections. On a shared, noisy
 //! machine only ratios measured in one run mean anything.
@@ -68,12 +69,52 @@ fn endpoint(url: &str) -> Result<Endpoint> {
     })
 }
 
-/// Runs the script tollgate used for `policy` bare, with `clients` connections, `requests`
-/// requests over `keys` random keys, for each pipeline depth (1 and 16).
+/// Key prefixes of one `--compare-redis-benchmark` invocation: `<prefix>cmp<nonce>.<run>:`,
+/// `run` 0 for tollgate's own run, 1 and 2 for the ceiling at `-P 1` and `-P 16`. Each run
+/// starts on keys that no other run touched (a sliding log keeps every admission of its window,
+/// so a key visited by an earlier run costs more), and all three keys are equally long. A
+/// prefix rather than flushing between runs: the tool does not own the server.
+pub(crate) struct RunPrefixes {
+    base: String,
+    nonce: String,
+}
+
+impl RunPrefixes {
+    /// Prefixes under `base`, unique to this invocation (the time in microseconds, in hex).
+    pub(crate) fn new(base: &str) -> Result<Self> {
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        let out = Self {
+            base: base.to_owned(),
+            nonce: format!("{micros:013x}"),
+        };
+        let longest = out.get(2).len();
+        if longest > tollgate::redis::MAX_PREFIX_LEN {
+            bail!(
+                "--prefix {base}: --compare-redis-benchmark adds {} bytes to it for each run, \
+                 and a prefix has at most {} bytes",
+                longest - base.len(),
+                tollgate::redis::MAX_PREFIX_LEN
+            );
+        }
+        Ok(out)
+    }
+
+    /// The prefix of run `run` (0: tollgate's, 1: `-P 1`, 2: `-P 16`).
+    pub(crate) fn get(&self, run: usize) -> String {
+        format!("{}cmp{}.{run}:", self.base, self.nonce)
+    }
+}
+
+/// Runs the script tollgate used for `policy` bare, with `clients` connections and `requests`
+/// requests visiting the keys of the load run (`load:k0` … `load:k<keys-1>`, request `n` on key
+/// `n mod keys`, as `tollgate load` visits them), once for each pipeline depth (1 and 16), each
+/// on keys of its own (`prefixes.get(1)`, `prefixes.get(2)`).
 #[allow(clippy::too_many_arguments)] // one call site, every value named there
 pub(crate) async fn run(
     url: &str,
-    prefix: &str,
+    prefixes: &RunPrefixes,
     policy: &Policy,
     cost: u64,
     keys: usize,
@@ -82,10 +123,19 @@ pub(crate) async fn run(
     tollgate_rate: f64,
 ) -> Result<Vec<Ceiling>> {
     let ep = Arc::new(endpoint(url)?);
-    let bare = Arc::new(Bare::for_policy(url, prefix, policy, cost).await?);
     let mut out = Vec::new();
-    for pipeline in [1usize, 16] {
-        let rps = drive(&ep, &bare, keys, clients, pipeline, requests).await?;
+    for (run, pipeline) in [(1, 1usize), (2, 16)] {
+        let bare = Arc::new(Bare::for_policy(url, &prefixes.get(run), policy, cost).await?);
+        let rps = drive(
+            &ep,
+            &bare,
+            Visit::RoundRobin,
+            keys,
+            clients,
+            pipeline,
+            requests,
+        )
+        .await?;
         out.push(Ceiling {
             clients,
             pipeline,
@@ -97,11 +147,36 @@ pub(crate) async fn run(
     Ok(out)
 }
 
-/// Runs `requests` commands of `bare` on random keys of `keys` over `clients` connections,
-/// `pipeline` at a time on each; returns requests per second.
+/// Which key each request of the ceiling driver visits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Visit {
+    /// Request `n` on `load:k<n mod keys>`: the keys and order of `tollgate load`.
+    RoundRobin,
+    /// A random key `load:k<12 digits>` below `keys`, as redis-benchmark's `-r` and
+    /// `__rand_int__` (`tollgate ceiling`, set beside redis-benchmark runs).
+    Random,
+}
+
+/// The bucket id (`load:k…`) request `n` visits under `visit`; `rng` is the connection's
+/// random state, advanced for [`Visit::Random`].
+fn visit_id(visit: Visit, n: u64, keys: u64, rng: &mut u64) -> String {
+    match visit {
+        Visit::RoundRobin => format!("load:k{}", n % keys),
+        Visit::Random => {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            format!("load:k{:012}", *rng % keys)
+        }
+    }
+}
+
+/// Runs `requests` commands of `bare` on the keys `visit` picks among `keys` over `clients`
+/// connections, `pipeline` at a time on each; returns requests per second.
 async fn drive(
     ep: &Arc<Endpoint>,
     bare: &Arc<Bare>,
+    visit: Visit,
     keys: usize,
     clients: usize,
     pipeline: usize,
@@ -112,22 +187,33 @@ async fn drive(
     let mut tasks = Vec::new();
     for c in 0..clients.max(1) {
         let (ep, bare, left) = (ep.clone(), bare.clone(), left.clone());
-        tasks.push(tokio::spawn(async move {
-            client(
-                &ep,
-                &bare,
-                keys.max(1) as u64,
-                pipeline.max(1),
-                &left,
-                c as u64,
-            )
-            .await
-        }));
+        let job = Job {
+            visit,
+            keys: keys.max(1) as u64,
+            pipeline: pipeline.max(1),
+            requests,
+            seed: c as u64,
+        };
+        tasks.push(tokio::spawn(
+            async move { client(&ep, &bare, job, &left).await },
+        ));
     }
     for t in tasks {
         t.await.context("a ceiling client panicked")??;
     }
     Ok(requests as f64 / start.elapsed().as_secs_f64())
+}
+
+/// What one ceiling connection sends.
+#[derive(Clone, Copy)]
+struct Job {
+    visit: Visit,
+    keys: u64,
+    pipeline: usize,
+    /// Requests of the whole run (request numbers are `requests - left`).
+    requests: u64,
+    /// The connection's random seed ([`Visit::Random`]).
+    seed: u64,
 }
 
 /// A script run bare: `EVALSHA sha 1 <prefix>{<id>}:<suffix> args…`, the script already in
@@ -277,6 +363,7 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
     let rps = drive(
         &ep,
         &bare,
+        Visit::Random,
         args.keys,
         args.clients,
         args.pipeline,
@@ -314,16 +401,16 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
     Ok(())
 }
 
-/// One connection: `pipeline` commands at a time, each on a random key (as redis-benchmark's
-/// `__rand_int__`: 12 digits), until `left` runs out.
-async fn client(
-    ep: &Endpoint,
-    bare: &Bare,
-    keys: u64,
-    pipeline: usize,
-    left: &AtomicU64,
-    seed: u64,
-) -> Result<()> {
+/// One connection: `pipeline` commands at a time, each on the key `job.visit` picks, until
+/// `left` runs out.
+async fn client(ep: &Endpoint, bare: &Bare, job: Job, left: &AtomicU64) -> Result<()> {
+    let Job {
+        visit,
+        keys,
+        pipeline,
+        requests,
+        seed,
+    } = job;
     let stream = TcpStream::connect((ep.host.as_str(), ep.port))
         .await
         .with_context(|| format!("connecting to {}:{}", ep.host, ep.port))?;
@@ -362,20 +449,16 @@ async fn client(
     let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let (mut buf, mut body) = (Vec::new(), Vec::new());
     loop {
-        let n = left
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
-                l.checked_sub((pipeline as u64).min(l)).filter(|_| l > 0)
-            })
-            .map_or(0, |l| (pipeline as u64).min(l));
-        if n == 0 {
+        let Ok(before) = left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+            l.checked_sub((pipeline as u64).min(l)).filter(|_| l > 0)
+        }) else {
             return Ok(());
-        }
+        };
+        let n = (pipeline as u64).min(before);
+        let first = requests - before;
         buf.clear();
-        for _ in 0..n {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let key = bare.key(format_args!("load:k{:012}", rng % keys));
+        for i in first..first + n {
+            let key = bare.key(visit_id(visit, i, keys, &mut rng));
             let mut parts: Vec<&[u8]> = vec![b"EVALSHA", bare.sha.as_bytes(), b"1", key.as_bytes()];
             parts.extend(bare.args.iter().map(Vec::as_slice));
             command(&mut buf, &parts);
@@ -450,5 +533,28 @@ mod tests {
         let mut buf = Vec::new();
         command(&mut buf, &[b"GET", b"a\0b"]);
         assert_eq!(buf, b"*2\r\n$3\r\nGET\r\n$3\r\na\0b\r\n");
+    }
+
+    /// The comparison's ceiling visits the load run's keys in its order: request `n` on
+    /// `load:k<n mod keys>`, the id `tollgate load` gives request `n` (before: a random
+    /// `load:k<12 digits>`, with repeats).
+    #[test]
+    fn the_ceiling_visits_the_load_runs_keys_in_order() {
+        let mut rng = 1;
+        for n in 0..250 {
+            let id = visit_id(Visit::RoundRobin, n, 100, &mut rng);
+            let key = crate::load::load_key((n % 100) as usize).unwrap();
+            assert_eq!(id, key.as_str(), "request {n}");
+        }
+        assert_eq!(rng, 1, "round-robin draws nothing");
+        // three runs, three prefixes of one length, none a prefix of another's keys
+        let p = RunPrefixes::new("tollgate:").unwrap();
+        let all = [p.get(0), p.get(1), p.get(2)];
+        assert!(
+            all.iter()
+                .all(|x| x.len() == all[0].len() && x.starts_with("tollgate:cmp"))
+        );
+        assert!(all[0] != all[1] && all[1] != all[2] && all[0] != all[2]);
+        assert!(RunPrefixes::new(&"p".repeat(60)).is_err());
     }
 }

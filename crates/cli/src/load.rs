@@ -111,9 +111,11 @@ pub(crate) struct LoadArgs {
         conflicts_with_all = ["batch", "deny_cache", "ping", "bare_script", "compare_redis_benchmark"]
     )]
     eval_file: Option<std::path::PathBuf>,
-    /// After the run, run the same script, argument, key shape and concurrency bare on the
-    /// same server, as redis-benchmark would (pipeline 1 and 16; redis-benchmark itself cannot
-    /// send the script's binary argument), and report tollgate's ratio to it.
+    /// After the run, run the same script, argument, keys, visiting order and concurrency bare
+    /// on the same server, as redis-benchmark would (pipeline 1 and 16; redis-benchmark itself
+    /// cannot send the script's binary argument), and report tollgate's ratio to it. Each of the
+    /// three runs then has keys of its own: `<prefix>cmp<nonce>.<run>:{load:k<i>}` (run 0 is
+    /// tollgate's), so none starts on buckets another left.
     #[arg(long, requires = "redis")]
     compare_redis_benchmark: bool,
     /// What each instance does when the store cannot answer. The summary counts decisions by
@@ -446,20 +448,26 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         );
     }
 
-    let keys: Arc<Vec<Key>> = Arc::new(
-        (0..args.keys)
-            .map(|i| Key::new("load", [format!("k{i}")]))
-            .collect::<Result<_, _>>()?,
-    );
+    let keys: Arc<Vec<Key>> = Arc::new((0..args.keys).map(load_key).collect::<Result<_, _>>()?);
+    // With a comparison, every run (this one and each ceiling) has keys of its own.
+    let prefixes = if args.compare_redis_benchmark {
+        Some(crate::compare::RunPrefixes::new(&args.store.prefix)?)
+    } else {
+        None
+    };
+    let mut store = args.store.clone();
+    if let Some(p) = &prefixes {
+        store.prefix = p.get(0);
+    }
     let mut probes = Vec::with_capacity(args.instances);
     for _ in 0..args.instances {
         probes.push(
             if args.ping || args.bare_script || args.eval_file.is_some() {
-                let url = args.store.redis.as_deref().unwrap_or_default();
+                let url = store.redis.as_deref().unwrap_or_default();
                 let conn = redis::Client::open(url)?
                     .get_multiplexed_async_connection()
                     .await?;
-                let prefix = &args.store.prefix;
+                let prefix = &store.prefix;
                 if args.ping {
                     Probe::Ping(conn)
                 } else {
@@ -476,7 +484,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                 }
             } else {
                 let mut b = Limiter::builder("load", args.policy)
-                    .store(args.store.connect().await?)
+                    .store(store.connect().await?)
                     .failure_mode(args.fail_mode.mode(args.instances))
                     .timeout(args.store.timeout);
                 if let Some(n) = args.deny_cache {
@@ -654,12 +662,12 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         redis_benchmark: Vec::new(),
     };
     let mut summary = summary;
-    if args.compare_redis_benchmark
+    if let Some(prefixes) = &prefixes
         && let Some(url) = &args.store.redis
     {
         summary.redis_benchmark = crate::compare::run(
             url,
-            &args.store.prefix,
+            prefixes,
             &args.policy,
             args.cost,
             args.keys,
@@ -675,6 +683,12 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         print_human(&summary);
     }
     Ok(())
+}
+
+/// The key of bucket `i` of a run: `load:k<i>` (the ceiling of `--compare-redis-benchmark`
+/// visits the same ids).
+pub(crate) fn load_key(i: usize) -> Result<Key, tollgate::KeyError> {
+    Key::new("load", [format!("k{i}")])
 }
 
 fn progress_bar(total: u64, json: bool) -> Option<ProgressBar> {

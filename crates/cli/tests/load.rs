@@ -319,3 +319,66 @@ fn errors_are_not_counted_as_decisions() {
         assert!((ratio - expected).abs() <= expected * 1e-9 + 1e-12, "{c}");
     }
 }
+
+/// The comparison's ceiling does the load run's work: the same keys in the same order (request
+/// `n` on `load:k<n mod keys>`, each key once per run here), each run on keys no other run of
+/// the invocation touched. Before, the ceiling drew random 12-digit keys with repeats on the
+/// load run's prefix, so its sliding logs grew across its runs and the load's (before: ceiling
+/// keys like `tollgate:{load:k000000000042}`, in the load run's keyspace).
+#[test]
+fn the_ceiling_visits_the_load_runs_keys_on_keys_of_its_own() {
+    let redis = RedisServer::start();
+    let keys = 10_000;
+    let out = load(&[
+        "--redis",
+        &redis.url(),
+        "--policy",
+        "sliding-log:limit=100,window=1m",
+        "--requests",
+        &keys.to_string(),
+        "--keys",
+        &keys.to_string(),
+        "--compare-redis-benchmark",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(s["errors"], 0, "{s}");
+    let mut conn = redis.client().get_connection().unwrap();
+    let names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    // prefix -> the bucket numbers under it
+    let mut runs = std::collections::BTreeMap::<String, Vec<usize>>::new();
+    for name in &names {
+        let (prefix, rest) = name.split_once('{').expect("a hash tag");
+        let i = rest
+            .strip_prefix("load:k")
+            .and_then(|r| r.strip_suffix('}'))
+            .unwrap_or_else(|| panic!("not the load run's key shape: {name}"));
+        assert!(
+            !i.starts_with('0') || i == "0",
+            "not the load run's key shape: {name}"
+        );
+        runs.entry(prefix.to_owned())
+            .or_default()
+            .push(i.parse().unwrap());
+    }
+    assert_eq!(runs.len(), 3, "one key set per run: {:?}", runs.keys());
+    let lens: Vec<usize> = runs.keys().map(String::len).collect();
+    assert!(lens.iter().all(|&l| l == lens[0]), "{:?}", runs.keys());
+    for (prefix, ids) in &mut runs {
+        ids.sort_unstable();
+        assert_eq!(ids.len(), keys, "{prefix}: every key visited");
+        assert!(ids.iter().enumerate().all(|(i, &id)| i == id), "{prefix}");
+    }
+    // each key visited once in each run: every log holds one entry, so one length
+    let mut sizes = std::collections::BTreeSet::new();
+    for name in &names {
+        let n: usize = redis::cmd("STRLEN").arg(name).query(&mut conn).unwrap();
+        sizes.insert(n);
+    }
+    assert_eq!(sizes.len(), 1, "logs of different lengths: {sizes:?}");
+}
