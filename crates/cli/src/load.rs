@@ -464,7 +464,8 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         probes.push(
             if args.ping || args.bare_script || args.eval_file.is_some() {
                 let url = store.redis.as_deref().unwrap_or_default();
-                let conn = redis::Client::open(url)?
+                // the store's protocol, so the probes' round trips are the decisions'
+                let conn = crate::compare::store_protocol_client(url)?
                     .get_multiplexed_async_connection()
                     .await?;
                 let prefix = &store.prefix;

@@ -382,3 +382,64 @@ fn the_ceiling_visits_the_load_runs_keys_on_keys_of_its_own() {
     }
     assert_eq!(sizes.len(), 1, "logs of different lengths: {sizes:?}");
 }
+
+/// The protocol (`resp=` in CLIENT LIST) of the connection running `cmd` while `tollgate load
+/// ARGS --redis URL` runs (at most 20 s), then ends the run.
+fn protocol_of(url: &str, cmd: &str, args: &[&str], redis: &RedisServer) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["load", "--redis", url, "--duration", "20s", "--json"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the tollgate binary runs");
+    let mut conn = redis.client().get_connection().unwrap();
+    let started = std::time::Instant::now();
+    let mut seen = None;
+    for _ in 0..2000 {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
+        seen = list
+            .lines()
+            .find(|l| l.split(' ').any(|f| f == format!("cmd={cmd}")))
+            .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("resp=")))
+            .map(str::to_owned);
+        if seen.is_some() || started.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    seen.unwrap_or_else(|| panic!("no connection ran {cmd} for {args:?}"))
+}
+
+/// The PING baseline and the bare-script probe speak the store's protocol on the same URL:
+/// RESP3 by default, RESP2 when the URL asks for it. Before, they always spoke RESP2 while the
+/// store's decisions went over RESP3 (before: `--ping` resp=2, `--bare-script` resp=2,
+/// decisions resp=3).
+#[test]
+fn probes_speak_the_stores_protocol() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let tb = [
+        "--policy",
+        "token-bucket:capacity=10,rate=2",
+        "--keys",
+        "100",
+    ];
+    let decisions = protocol_of(&url, "evalsha", &tb, &redis);
+    let ping = protocol_of(&url, "ping", &[&tb[..], &["--ping"]].concat(), &redis);
+    let bare = protocol_of(
+        &url,
+        "evalsha",
+        &[&tb[..], &["--bare-script"]].concat(),
+        &redis,
+    );
+    assert_eq!(
+        (decisions.as_str(), ping.as_str(), bare.as_str()),
+        ("3", "3", "3")
+    );
+    let resp2 = format!("{url}/?protocol=resp2");
+    let ping2 = protocol_of(&resp2, "ping", &[&tb[..], &["--ping"]].concat(), &redis);
+    assert_eq!(ping2, "2", "a URL that names RESP2 is honoured");
+}
