@@ -275,7 +275,7 @@ impl Bare {
         })
     }
 
-    /// The Lua script in the file at `path` with `args`, on the keys a token bucket would use;
+    /// The Lua script in the file at `path` with `args`, on the keys the store's decisions use;
     /// loads it into the cache of the server at `url`. `option` names the command-line option
     /// the path came from, for the error.
     pub(crate) async fn from_file(
@@ -298,7 +298,9 @@ impl Bare {
         Ok(Self {
             sha,
             prefix: prefix.to_owned(),
-            suffix: "tb",
+            // the store's key shape (`<prefix>{<id>}`: one key per bucket, whatever the
+            // algorithm), so a floor runs on the keys the decisions use
+            suffix: scripts::all()[0].key_suffix(),
             args,
             decides: None,
         })
@@ -349,7 +351,7 @@ pub(crate) struct CeilingArgs {
     /// Distinct keys, picked at random (`-r`), at least 1.
     #[arg(long, default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     keys: usize,
-    /// Key prefix (the key is `<prefix>{load:k<12 digits>}`, and `:tb` after it for `--script`).
+    /// Key prefix (the key is `<prefix>{load:k<12 digits>}`, as the store shapes it).
     #[arg(long, default_value = "tollgate:")]
     prefix: String,
     /// Print the result as JSON.

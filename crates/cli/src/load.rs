@@ -101,8 +101,8 @@ pub(crate) struct LoadArgs {
     /// Redis, and tollgate's own work.
     #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "ping"])]
     bare_script: bool,
-    /// Run the Lua script in this file by a bare `EVALSHA` with one key (the key tollgate's
-    /// token bucket would use) and no arguments, instead of decisions: the latency floor of
+    /// Run the Lua script in this file by a bare `EVALSHA` with one key (the key a decision
+    /// uses, `<prefix>{load:k<i>}`) and no arguments, instead of decisions: the latency floor of
     /// any script doing the same Redis calls (`benches/scripts/latency/`).
     #[arg(
         long,

@@ -148,9 +148,10 @@ fn threads_sizes_the_runtime_and_zero_is_refused() {
     );
 }
 
-/// `--eval-file PATH` runs the file's script by EVALSHA on the key a decision would use, once
-/// per request and with nothing else (the latency floors of BENCHMARKS.md); a file that cannot
-/// be read is a clear error.
+/// `--eval-file PATH` runs the file's script by EVALSHA on the key a decision would use
+/// (`tollgate:{load:k0}`, the store's shape; before, `tollgate:{load:k0}:tb`, which no decision
+/// touches), once per request and with nothing else (the latency floors of BENCHMARKS.md); a
+/// file that cannot be read is a clear error.
 #[test]
 fn eval_file_runs_the_script_on_the_decision_keys() {
     let server = RedisServer::start();
@@ -181,7 +182,7 @@ fn eval_file_runs_the_script_on_the_decision_keys() {
     let counts: Vec<u64> = (0..3)
         .map(|i| {
             redis::cmd("GET")
-                .arg(format!("tollgate:{{load:k{i}}}:tb"))
+                .arg(format!("tollgate:{{load:k{i}}}"))
                 .query(&mut conn)
                 .unwrap()
         })
