@@ -45,15 +45,18 @@ cost() { # name, script file(s), key, args...
 echo "| script (policy) | instructions per call |"
 echo "|---|---:|"
 T=$DIR/tollgate.lua
-# ARGV: tollgate's one argument, MessagePack (mp:...): the record's head (tag, generation, 0,
-# parameters), then transition, cost, commit; see crates/redis-backend/src/scripts.rs
+# ARGV: tollgate's one argument, MessagePack: the record's head (tag, generation, 0, parameters),
+# then transition, cost, commit (see crates/redis-backend/src/scripts.rs), exactly the bytes the
+# store sends for the policy, printed by the tool in pipeline.py's mp: notation
+arg() { target/release/tollgate ceiling --policy "$1" --print-arg; }
+TB=$(arg token-bucket:capacity=100,rate=50)
 cost "floor: TIME + GET + SET PX, nothing else (benches/scripts/floor.lua), 8 decimal arguments" benches/scripts/floor.lua 'f:{k__rand_int__}' 100 1000000 50 0 0 1 1 1
-cost "floor, with tollgate's one argument" benches/scripts/floor.lua 'f1:{k__rand_int__}' mp:1,0,0,100,1000000,50,0,1,1,1
+cost "floor, with tollgate's one argument (token bucket 100, 50/s)" benches/scripts/floor.lua 'f1:{k__rand_int__}' "$TB"
 cost "source text's token bucket (100, 50/s)" benches/scripts/seed_token_bucket.lua 'seed:{k__rand_int__}' 100 50 1
-cost "tollgate token bucket (100, 50/s; bucket expired at each call)" "$T" 'tollgate:{k__rand_int__}' mp:1,0,0,100,1000000,50,0,1,1,1
-cost "tollgate token bucket (100 per hour; bucket stored at each call)" "$T" 'tollgate:{h__rand_int__}' mp:1,0,0,100,36000000,1,0,1,1,1
-cost "tollgate fixed window (100 per 1 min)" "$T" 'tollgate:{w__rand_int__}' mp:2,0,0,100,60000000,1,1,1
-cost "tollgate sliding log (100 per 1 min; 5 entries per key by the end)" "$T" 'tollgate:{s__rand_int__}' mp:3,0,0,100,60000000,1,1,1
+cost "tollgate token bucket (100, 50/s; bucket expired at each call)" "$T" 'tollgate:{k__rand_int__}' "$TB"
+cost "tollgate token bucket (100 per hour; bucket stored at each call)" "$T" 'tollgate:{h__rand_int__}' "$(arg token-bucket:capacity=100,rate=100,period=1h)"
+cost "tollgate fixed window (100 per 1 min)" "$T" 'tollgate:{w__rand_int__}' "$(arg fixed-window:limit=100,window=1m)"
+cost "tollgate sliding log (100 per 1 min; 5 entries per key by the end)" "$T" 'tollgate:{s__rand_int__}' "$(arg sliding-log:limit=100,window=1m)"
 # one token per hour, cost 1: the warm-up pass takes each key's token, so every measured call
 # is a denial on a stored bucket (a token-bucket denial writes nothing: GET, no SET)
-cost "tollgate token bucket (1 per hour; denied at each call)" "$T" 'tollgate:{d__rand_int__}' mp:1,0,0,1,3600000000,1,0,1,1,1
+cost "tollgate token bucket (1 per hour; denied at each call)" "$T" 'tollgate:{d__rand_int__}' "$(arg token-bucket:capacity=1,rate=1,period=1h)"

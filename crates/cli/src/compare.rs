@@ -325,7 +325,7 @@ impl Bare {
 #[derive(Args, Debug)]
 pub(crate) struct CeilingArgs {
     /// The Redis server (redis:// only: the driver has no TLS).
-    #[arg(long, value_name = "URL", required_unless_present = "print_script")]
+    #[arg(long, value_name = "URL", required_unless_present_any = ["print_script", "print_arg"])]
     redis: Option<String>,
     /// Run tollgate's script for this policy, with the argument a decision sends.
     #[arg(long, conflicts_with = "script", required_unless_present = "script")]
@@ -361,6 +361,41 @@ pub(crate) struct CeilingArgs {
     /// exit, for tools that run it outside tollgate (`benches/scripts/script-cost.sh`).
     #[arg(long, requires = "policy")]
     print_script: bool,
+    /// Print the argument a decision of `--cost` under `--policy` sends (the store's bytes) as
+    /// `mp:<integer>,…`, the notation of `benches/scripts/pipeline.py` (each integer in
+    /// MessagePack's smallest encoding, as the store writes them), and exit.
+    #[arg(long, requires = "policy", conflicts_with = "print_script")]
+    print_arg: bool,
+}
+
+/// `bytes`, a run of MessagePack unsigned integers (the script's argument), as `mp:a,b,…`;
+/// `None` if they are anything else.
+fn mp_notation(bytes: &[u8]) -> Option<String> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while let Some((&tag, tail)) = rest.split_first() {
+        let width = match tag {
+            0..=0x7f => 0,
+            0xcc => 1,
+            0xcd => 2,
+            0xce => 4,
+            0xcf => 8,
+            _ => return None,
+        };
+        if tail.len() < width {
+            return None;
+        }
+        let n = if width == 0 {
+            u64::from(tag)
+        } else {
+            tail[..width]
+                .iter()
+                .fold(0u64, |n, &b| (n << 8) | u64::from(b))
+        };
+        out.push(n.to_string());
+        rest = &tail[width..];
+    }
+    Some(format!("mp:{}", out.join(",")))
 }
 
 /// Runs `tollgate ceiling`.
@@ -371,6 +406,15 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
             .as_ref()
             .context("--print-script needs --policy")?;
         print!("{}", scripts::for_policy(policy).source());
+        return Ok(());
+    }
+    if args.print_arg {
+        let policy = args.policy.as_ref().context("--print-arg needs --policy")?;
+        policy.check_cost(args.cost)?;
+        let arg = scripts::args(policy, args.cost, true);
+        let text = mp_notation(arg.as_bytes())
+            .with_context(|| format!("the store's argument is not integers: {arg:?}"))?;
+        println!("{text}");
         return Ok(());
     }
     let url = args.redis.as_deref().context("give --redis")?;

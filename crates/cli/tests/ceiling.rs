@@ -135,3 +135,74 @@ fn tollgate_scripts_run_by_policy_and_errors_are_reported() {
         assert!(err.contains(flag), "{flag}: {err}");
     }
 }
+
+/// `pipeline.py`'s `mp:` notation: each integer in MessagePack's smallest encoding.
+fn encode_mp(text: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    for n in text.strip_prefix("mp:").expect("mp:").split(',') {
+        let n: u64 = n.parse().expect("an integer");
+        match n {
+            0..=0x7f => out.push(n as u8),
+            0x80..=0xff => out.extend([0xcc, n as u8]),
+            0x100..=0xffff => {
+                out.push(0xcd);
+                out.extend((n as u16).to_be_bytes());
+            }
+            0x1_0000..=0xffff_ffff => {
+                out.push(0xce);
+                out.extend((n as u32).to_be_bytes());
+            }
+            _ => {
+                out.push(0xcf);
+                out.extend(n.to_be_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// `tollgate ceiling --policy P --cost C --print-arg` prints the store's argument for P and C in
+/// the `mp:` notation of `benches/scripts/pipeline.py`, so script-cost.sh sends exactly the
+/// store's bytes. Before, there was no such print and script-cost.sh wrote its arguments by
+/// hand: `mp:1,0,0,100,1000000,50,…` for token-bucket 100, 50/s, where the store sends the
+/// reduced rate `mp:1,0,0,100,20000,1,…`.
+#[test]
+fn print_arg_prints_the_stores_argument() {
+    for (policy, cost) in [
+        ("token-bucket:capacity=100,rate=50", 1),
+        ("token-bucket:capacity=100,rate=100,period=1h", 1),
+        ("token-bucket:capacity=1,rate=1,period=1h", 1),
+        ("fixed-window:limit=100,window=1m", 7),
+        ("sliding-log:limit=100,window=1m", 1),
+        ("token-bucket:capacity=4000000000,rate=3,period=1ms", 300),
+        (
+            "token-bucket:capacity=5000000000,rate=1000,period=1ms",
+            4_000_000_000,
+        ),
+    ] {
+        let out = succeeded(
+            Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args(["ceiling", "--policy", policy, "--cost", &cost.to_string()])
+                .arg("--print-arg")
+                .output()
+                .expect("the tollgate binary runs"),
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let p: tollgate::Policy = policy.parse().unwrap();
+        let store = tollgate::redis::scripts::args(&p, cost, true);
+        assert_eq!(
+            encode_mp(text.trim_end()),
+            store.as_bytes(),
+            "{policy}: {text}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["ceiling", "--policy", "token-bucket:capacity=100,rate=50"])
+        .arg("--print-arg")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        "mp:1,0,0,100,20000,1,0,1,1,1"
+    );
+}
