@@ -205,10 +205,21 @@ async fn drive(
     requests: u64,
 ) -> Result<f64> {
     let left = Arc::new(AtomicU64::new(requests));
+    // Every connection is opened (and authenticated, its database selected) before the clock
+    // starts, as redis-benchmark does: the rate is of requests, not of connecting.
+    let mut connecting = Vec::new();
+    for _ in 0..clients.max(1) {
+        let ep = ep.clone();
+        connecting.push(tokio::spawn(async move { connect(&ep).await }));
+    }
+    let mut conns = Vec::with_capacity(connecting.len());
+    for c in connecting {
+        conns.push(c.await.context("a ceiling client panicked")??);
+    }
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..clients.max(1) {
-        let (ep, bare, left) = (ep.clone(), bare.clone(), left.clone());
+    for (c, conn) in conns.into_iter().enumerate() {
+        let (bare, left) = (bare.clone(), left.clone());
         let job = Job {
             visit,
             keys: keys.max(1) as u64,
@@ -216,9 +227,9 @@ async fn drive(
             requests,
             seed: c as u64,
         };
-        tasks.push(tokio::spawn(
-            async move { client(&ep, &bare, job, &left).await },
-        ));
+        tasks.push(tokio::spawn(async move {
+            client(conn, &bare, job, &left).await
+        }));
     }
     for t in tasks {
         t.await.context("a ceiling client panicked")??;
@@ -469,16 +480,8 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
     Ok(())
 }
 
-/// One connection: `pipeline` commands at a time, each on the key `job.visit` picks, until
-/// `left` runs out.
-async fn client(ep: &Endpoint, bare: &Bare, job: Job, left: &AtomicU64) -> Result<()> {
-    let Job {
-        visit,
-        keys,
-        pipeline,
-        requests,
-        seed,
-    } = job;
+/// One ceiling connection to `ep`, authenticated and on its database, ready to send.
+async fn connect(ep: &Endpoint) -> Result<BufReader<TcpStream>> {
     let stream = TcpStream::connect((ep.host.as_str(), ep.port))
         .await
         .with_context(|| format!("connecting to {}:{}", ep.host, ep.port))?;
@@ -514,6 +517,25 @@ async fn client(ep: &Endpoint, bare: &Bare, job: Job, left: &AtomicU64) -> Resul
             );
         }
     }
+    Ok(conn)
+}
+
+/// One connection: `pipeline` commands at a time, each on the key `job.visit` picks, until
+/// `left` runs out.
+async fn client(
+    mut conn: BufReader<TcpStream>,
+    bare: &Bare,
+    job: Job,
+    left: &AtomicU64,
+) -> Result<()> {
+    let Job {
+        visit,
+        keys,
+        pipeline,
+        requests,
+        seed,
+    } = job;
+    let mut line = Vec::new();
     let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let (mut buf, mut body) = (Vec::new(), Vec::new());
     loop {

@@ -4,6 +4,9 @@
 
 use std::process::Command;
 
+use std::time::Duration;
+
+use tollgate_testkit::proxy::FaultProxy;
 use tollgate_testkit::server::RedisServer;
 
 fn ceiling(server: &RedisServer, args: &[&str]) -> std::process::Output {
@@ -205,4 +208,36 @@ fn print_arg_prints_the_stores_argument() {
         String::from_utf8_lossy(&out.stdout).trim_end(),
         "mp:1,0,0,100,20000,1,0,1,1,1"
     );
+}
+
+/// The ceiling's clock starts once every client is connected, authenticated and on its
+/// database, as redis-benchmark's does. Through a proxy adding 100 ms each way, two requests
+/// on one connection take two round trips (~0.4 s: ~5 requests/s); before, AUTH and SELECT
+/// were timed too, four round trips (~0.8 s: 2.5 requests/s).
+#[test]
+fn the_clock_starts_after_the_clients_connect() {
+    let redis = RedisServer::start();
+    let mut conn = redis.client().get_connection().unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("pw")
+        .query(&mut conn)
+        .unwrap();
+    let proxy = FaultProxy::start(redis.port());
+    proxy.set_latency(Duration::from_millis(100));
+    let url = format!("redis://:pw@127.0.0.1:{}/2", proxy.port());
+    let out = succeeded(
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["ceiling", "--redis", &url])
+            .args(["--policy", "token-bucket:capacity=10,rate=2"])
+            .args(["--clients", "1", "--pipeline", "1", "--requests", "2"])
+            .arg("--json")
+            .output()
+            .expect("the tollgate binary runs"),
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let rps = s["requests_per_sec"].as_f64().unwrap();
+    // two round trips of >= 0.4 s in all: at most 5/s; four would be at most 2.5/s
+    assert!(rps > 3.5 && rps <= 5.1, "{rps} requests/s: {s}");
 }
