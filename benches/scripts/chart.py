@@ -44,11 +44,12 @@ for i, pol in enumerate(policies):
             continue
         pts.sort()
         d = " ".join(f"{X(t):.1f},{Y(v):.1f}" for t, v in pts)
-        dash = ' stroke-dasharray="5 3"' if name.startswith("redis") else ""
+        dash = ' stroke-dasharray="5 3"' if name.startswith("ceiling") else ""
         out.append(f'<polyline points="{d}" fill="none" stroke="{colours[name]}" stroke-width="2"{dash}/>')
 out.append(f'<text x="{L}" y="{T + PH + 36}" fill="#444">tasks (concurrent calls), log scale</text>')
 for j, (name, c) in enumerate(colours.items()):
-    out.append(f'<line x1="{L + j * 220}" y1="{H - 20}" x2="{L + j * 220 + 24}" y2="{H - 20}" stroke="{c}" stroke-width="2"/>'
+    dash = ' stroke-dasharray="5 3"' if name.startswith("ceiling") else ""
+    out.append(f'<line x1="{L + j * 220}" y1="{H - 20}" x2="{L + j * 220 + 24}" y2="{H - 20}" stroke="{c}" stroke-width="2"{dash}/>'
                f'<text x="{L + j * 220 + 30}" y="{H - 16}">{name}</text>')
 out.append("</svg>")
 print("\n".join(out))
