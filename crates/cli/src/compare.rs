@@ -47,28 +47,6 @@ struct Endpoint {
     db: i64,
 }
 
-/// A client for `url` speaking the protocol the store speaks on the same URL: RESP3 unless the
-/// URL's query names a protocol (`?protocol=resp2`), as `RedisStore` connects. The probes of
-/// `tollgate load` (`--ping`, `--bare-script`, `--eval-file`) use it, so their round trips are
-/// the store's.
-pub(crate) fn store_protocol_client(url: &str) -> Result<redis::Client> {
-    use redis::IntoConnectionInfo as _;
-    let info = url.into_connection_info().context("the Redis URL")?;
-    // the query's own parameters only: a password or path may contain the text
-    let query = url.split_once('?').map_or("", |(_, q)| q);
-    let query = query.split_once('#').map_or(query, |(q, _)| q);
-    let info = if query.split('&').any(|pair| pair.starts_with("protocol=")) {
-        info
-    } else {
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3);
-        info.set_redis_settings(settings)
-    };
-    Ok(redis::Client::open(info)?)
-}
-
 /// Where and as whom the ceiling driver connects: the URL as redis-rs reads it for the load
 /// itself (credentials percent-decoded, the database of its path, IPv6 hosts, parameters), so
 /// both runs reach the same server and database as the same user.
@@ -298,7 +276,7 @@ impl Bare {
     ) -> Result<Self> {
         let source = std::fs::read_to_string(path)
             .with_context(|| format!("{option} {}", path.display()))?;
-        let mut conn = store_protocol_client(url)?
+        let mut conn = tollgate::redis::client_for(url)?
             .get_multiplexed_async_connection()
             .await?;
         let sha = redis::cmd("SCRIPT")

@@ -465,7 +465,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
             if args.ping || args.bare_script || args.eval_file.is_some() {
                 let url = store.redis.as_deref().unwrap_or_default();
                 // the store's protocol, so the probes' round trips are the decisions'
-                let conn = crate::compare::store_protocol_client(url)?
+                let conn = tollgate::redis::client_for(url)?
                     .get_multiplexed_async_connection()
                     .await?;
                 let prefix = &store.prefix;

@@ -383,7 +383,7 @@ impl RedisStoreBuilder {
         check_prefix(&self.prefix)?;
         let conn = match (&self.target, self.kind) {
             (Target::Url(url), Kind::Multiplexed) => {
-                let client = client(url)?;
+                let client = client_for(url)?;
                 ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
                     .map(|manager| self.multiplexed_conn(manager, client))
                     .map_err(|e| classify(&e))?
@@ -429,7 +429,7 @@ impl RedisStoreBuilder {
         };
         match &self.target {
             Target::Url(url) => {
-                let client = client(url)?;
+                let client = client_for(url)?;
                 // No response timeout from redis-rs (its default is 500 ms, which would cut
                 // short calls the store gives longer): the store's own deadline bounds every
                 // call, and `build` is bounded by the connect timeout.
@@ -519,9 +519,23 @@ impl RedisStoreBuilder {
     }
 }
 
-/// The client for a single server at `url`, over RESP3 unless the URL names a protocol
-/// ([`with_resp3`]): `build` and `build_lazy` connect alike.
-fn client(url: &str) -> Result<redis::Client, StoreError> {
+/// The redis-rs client a store opens for the single server at `url`: over RESP3 unless the
+/// URL's query names a protocol (`?protocol=resp2`), so that a connection the server closes
+/// while idle is heard of. For connections of your own that should speak as the store does
+/// (the `tollgate load` tool's `PING` and script probes use it).
+///
+/// ```
+/// let client = tollgate_redis::client_for("redis://127.0.0.1:6379/0").unwrap();
+/// let settings = client.get_connection_info().redis_settings();
+/// assert_eq!(settings.protocol(), redis::ProtocolVersion::RESP3);
+/// let resp2 = tollgate_redis::client_for("redis://127.0.0.1:6379/0?protocol=resp2").unwrap();
+/// assert_eq!(resp2.get_connection_info().redis_settings().protocol(), redis::ProtocolVersion::RESP2);
+/// assert!(tollgate_redis::client_for("not a url").is_err());
+/// ```
+///
+/// # Errors
+/// [`StoreError::Unavailable`] naming the URL's fault when it does not parse.
+pub fn client_for(url: &str) -> Result<redis::Client, StoreError> {
     let invalid =
         |e: redis::RedisError| StoreError::unavailable(format!("invalid Redis URL: {e}"), e);
     let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(invalid)?;

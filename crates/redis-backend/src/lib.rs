@@ -41,7 +41,7 @@ mod store;
 
 pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
-    RedisStoreBuilder,
+    RedisStoreBuilder, client_for,
 };
 pub use error::classify;
 pub use redact::redact_url;
