@@ -86,6 +86,7 @@ macro_rules! conformance_tests {
             acquire_many_returns_one_decision_per_request_in_order,
             acquire_many_with_an_invalid_request_writes_nothing,
             concurrent_acquires_never_admit_more_than_capacity,
+            decisions_are_exact_at_the_edges_of_a_compact_reply,
             newer_generation_carries_and_then_governs_older_callers,
             equal_generations_with_other_parameters_enforce_one_bound,
             newest_generation_governs_across_algorithms,
@@ -885,6 +886,51 @@ pub async fn concurrent_acquires_never_admit_more_than_capacity<H: Harness>(h: &
     }
 }
 
+/// Decisions at the edges of a compact reply come back exact. A store may encode a decision
+/// compactly (the Redis script replies most admissions as one integer, `remaining * 2^37 +
+/// reset_after_us`, when remaining < 2^16 and reset_after_us < 2^37); every field must still
+/// come back as computed: a `reset_after` of 2^37 µs (about 38.2 h) and 2^37 - 1 for each
+/// algorithm, and a `remaining` of 2^16 - 1, 2^16 and 2^16 + 1 with an odd `reset_after`.
+pub async fn decisions_are_exact_at_the_edges_of_a_compact_reply<H: Harness>(h: &H) {
+    const P37: u64 = 1 << 37;
+    const P16: u64 = 1 << 16;
+    let long = Duration::from_micros(P37);
+    // the start of a 2^37 µs window, past every other case's instants
+    let t = (T0 + 100_000 * SEC).next_multiple_of(P37);
+    h.set_time(t).await;
+    let k = |part: &str| key("compact-reply", part);
+    // reset_after 2^37 exactly: a token bucket of 1 refilling 1 per 2^37 µs; a window of
+    // 2^37 µs at its start; a log of window 2^37 µs
+    let bucket = tb(1, Rate::new(1, long));
+    let window = Policy::fixed_window(5, long).expect("valid fixed window");
+    let log = Policy::sliding_log(5, long).expect("valid sliding log");
+    expect(h, "tb: reset 2^37", &k("tb"), &bucket, 1, allowed(0, P37)).await;
+    expect(h, "fw: reset 2^37", &k("fw"), &window, 1, allowed(4, P37)).await;
+    expect(h, "sl: reset 2^37", &k("sl"), &log, 1, allowed(4, P37)).await;
+    h.set_time(t + 1).await;
+    let step = "fw 1 µs later: reset 2^37 - 1";
+    expect(h, step, &k("fw"), &window, 1, allowed(3, P37 - 1)).await;
+    // remaining around 2^16, with an odd reset_after: a token bucket refilling 1 per 3 µs,
+    // and a window of 2^37 µs 1 µs after its start
+    for left in [P16 - 1, P16, P16 + 1] {
+        let bucket = tb(left + 1, Rate::new(1, Duration::from_micros(3)));
+        let step = format!("tb: remaining {left}, reset 3");
+        expect(
+            h,
+            &step,
+            &k(&format!("tb-{left}")),
+            &bucket,
+            1,
+            allowed(left, 3),
+        )
+        .await;
+        let window = Policy::fixed_window(left + 1, long).expect("valid fixed window");
+        let step = format!("fw: remaining {left}, reset 2^37 - 1");
+        let want = allowed(left, P37 - 1);
+        expect(h, &step, &k(&format!("fw-{left}")), &window, 1, want).await;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Policy changes (docs/policy-changes.md)
 
@@ -1099,6 +1145,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 31);
+        assert_eq!(names.len(), 32);
     }
 }
