@@ -11,8 +11,8 @@
 set -euo pipefail
 A=$1; B=$2; R=${3:-5}; PORT=${PORT:-7800}
 D=$(mktemp -d)
-redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no --dir $D --daemonize yes --logfile $D/log
-sleep 0.5
+source "$(dirname "$0")/lib.sh"
+start_redis "$PORT" "$D"
 trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1; rm -rf $D' EXIT
 # run BINARY: "<decisions/s> <client CPU µs per decision>"
 run() {

@@ -9,15 +9,15 @@
 # Usage: benches/scripts/goal1-rounds.sh [rounds] [requests-per-run]   (prints Markdown)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source benches/scripts/lib.sh
 ROUNDS=${1:-5}
 N=${2:-100000}
 PORT=${PORT:-7795}
 cargo build --release -q -p tollgate-cli
-B=target/release/tollgate
+B=$TOLLGATE_BIN
 DIR=$(mktemp -d)
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" --daemonize yes --logfile "$DIR/redis.log"
+start_redis "$PORT" "$DIR"
 trap 'redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$DIR"' EXIT
-for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 URL="redis://127.0.0.1:$PORT"
 POLICIES=("token-bucket:capacity=100,rate=50" "fixed-window:limit=100,window=1m" "sliding-log:limit=100,window=1m")
 OUT="$DIR/rows.txt"

@@ -9,20 +9,22 @@
 # single-threaded redis-server then keeps a core of its own; a section below measures 1 vs 2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source benches/scripts/lib.sh
 N=${1:-100000}
 CSV=${CSV:-/dev/null}   # also write the throughput table as CSV (for benches/scripts/chart.py)
 PORT=${PORT:-7790}
 THREADS=${THREADS:-1}
 cargo build --release -q -p tollgate-cli
-B=target/release/tollgate
+B=$TOLLGATE_BIN
 DIR=$(mktemp -d)
-# serve PORT: a fresh loopback redis-server (the script-cost section starts three more)
+# serve PORT: a fresh loopback redis-server on a free port (the script-cost section starts
+# three more); only the servers started here are shut down at the end
+STARTED=()
 serve() {
-  mkdir -p "$DIR/$1"
-  redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR/$1" --daemonize yes --logfile "$DIR/$1/redis.log"
-  for _ in $(seq 50); do redis-cli -p "$1" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  start_redis "$1" "$DIR/$1"
+  STARTED+=("$1")
 }
-trap 'for p in "$PORT" $((PORT + 1)) $((PORT + 2)) $((PORT + 3)); do redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; done; rm -rf "$DIR"' EXIT
+trap 'for p in "${STARTED[@]}"; do redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; done; rm -rf "$DIR"' EXIT
 serve "$PORT"
 URL="redis://127.0.0.1:$PORT"
 TB="token-bucket:capacity=100,rate=50"
@@ -58,6 +60,9 @@ for P in "${POLICIES[@]}"; do
   for conn in multiplexed pool16; do
     for tasks in 1 4 16 64; do
       extra="--multiplexed"; [ "$conn" = pool16 ] && extra="--pool 16"
+      # each row on an empty server: the 1-minute keys of earlier rows (three runs' worth each)
+      # would otherwise expire, and the tables grow, under this one
+      redis-cli -p "$PORT" flushall >/dev/null
       out=$(load --threads "$THREADS" --redis "$URL" --policy "$P" --tasks "$tasks" --requests "$N" --keys 100000 $extra --compare-redis-benchmark)
       echo "$out" | j "'| ${P%%:*} | $conn | $tasks | %.0f | %.1f | %.1f | %.0f | %.2f | %.0f | %.2f |' % (d['decisions_per_sec'], d['latency_us']['p50'], d['latency_us']['p99'], d['redis_benchmark'][0]['requests_per_sec'], d['redis_benchmark'][0]['tollgate_ratio'], d['redis_benchmark'][1]['requests_per_sec'], d['redis_benchmark'][1]['tollgate_ratio'])"
       echo "$out" | j "'${P%%:*},$conn,$tasks,%.0f,%.0f,%.0f' % (d['decisions_per_sec'], d['redis_benchmark'][0]['requests_per_sec'], d['redis_benchmark'][1]['requests_per_sec'])" >> "$CSV"

@@ -4,10 +4,10 @@
 # keys, 200,000 requests) in alternating order, and p50 one call at a time (20,000 requests).
 # Usage: benches/scripts/resp-ab.sh [rounds]   (after cargo build --release -p tollgate-cli)
 set -euo pipefail
-T=${T:-target/release/tollgate}; PORT=7811; R=${1:-3}
+source "$(dirname "$0")/lib.sh"
+T=${T:-$TOLLGATE_BIN}; PORT=${PORT:-7811}; R=${1:-3}
 D=$(mktemp -d)
-redis-server --port $PORT --bind 127.0.0.1 --save '' --appendonly no --dir $D --daemonize yes --logfile $D/log
-sleep 0.5
+start_redis "$PORT" "$D"
 trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1; rm -rf $D' EXIT
 tp() { $T load --threads 1 --redis "$1" --policy token-bucket:capacity=100,rate=50 --tasks 64 --requests 200000 --keys 100000 --multiplexed --json 2>/dev/null | python3 -c "import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index('{'):t.rindex('}')+1]); print(round(d['decisions_per_sec']))"; }
 lat() { $T load --threads 1 --redis "$1" --policy token-bucket:capacity=100,rate=50 --tasks 1 --requests 20000 --keys 100000 --json 2>/dev/null | python3 -c "import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index('{'):t.rindex('}')+1]); print(d.get('latency_us',{}).get('p50', d.get('p50_us','?')))"; }

@@ -17,11 +17,13 @@
 # Usage: benches/scripts/script-cost.sh [calls]   (needs valgrind, redis-server, python3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source benches/scripts/lib.sh
 N=${1:-5000}
 PORT=${PORT:-7795}
 DIR=$(mktemp -d)
 cargo build --release -q -p tollgate-cli
-target/release/tollgate ceiling --policy token-bucket:capacity=1,rate=1 --print-script >"$DIR/tollgate.lua"
+"$TOLLGATE_BIN" ceiling --policy token-bucket:capacity=1,rate=1 --print-script >"$DIR/tollgate.lua"
+port_is_free "$PORT"
 valgrind --tool=callgrind --callgrind-out-file="$DIR/out.%p" \
   redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
   >"$DIR/valgrind.log" 2>&1 &
@@ -48,7 +50,7 @@ T=$DIR/tollgate.lua
 # ARGV: tollgate's one argument, MessagePack: the record's head (tag, generation, 0, parameters),
 # then transition, cost, commit (see crates/redis-backend/src/scripts.rs), exactly the bytes the
 # store sends for the policy, printed by the tool in pipeline.py's mp: notation
-arg() { target/release/tollgate ceiling --policy "$1" --print-arg; }
+arg() { "$TOLLGATE_BIN" ceiling --policy "$1" --print-arg; }
 TB=$(arg token-bucket:capacity=100,rate=50)
 cost "floor: TIME + GET + SET PX, nothing else (benches/scripts/floor.lua), 8 decimal arguments" benches/scripts/floor.lua 'f:{k__rand_int__}' 100 1000000 50 0 0 1 1 1
 cost "floor, with tollgate's one argument (token bucket 100, 50/s)" benches/scripts/floor.lua 'f1:{k__rand_int__}' "$TB"

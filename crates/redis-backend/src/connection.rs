@@ -162,8 +162,7 @@ fn now_us() -> u64 {
 }
 
 /// What a connection's calls tell of it: the latest send time of a call that got its answer,
-/// whether a probe of it is wanted or running, and (for a pooled one) whether it must be
-/// replaced.
+/// whether a probe of it is running, and whether it must be replaced.
 ///
 /// A path that died without a reset (a NAT or firewall that dropped its state) fails no call
 /// and drops nothing: calls are only abandoned at their deadlines, until the kernel gives up

@@ -50,8 +50,9 @@ fn cut_margin(left: Duration) -> Duration {
 /// at most once. A connection the server closes while no call is in flight (Redis's
 /// `timeout`, `CLIENT KILL`, a load balancer's idle cut) fails nothing: the store speaks RESP3
 /// by default (a URL's `?protocol=resp2` keeps RESP2), over which redis-rs reports the close,
-/// and the next call goes out on a fresh connection (the multiplexed connection, the pool and
-/// Sentinel; a Cluster's node connections are redis-rs's own, not covered by this).
+/// and the next call goes out on a fresh connection (every connection kind: the multiplexed
+/// connection, the pool, Sentinel's primary, a Cluster's node connections and its direct
+/// connections to joining nodes).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), tollgate_core::StoreError> {
