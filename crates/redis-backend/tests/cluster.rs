@@ -474,6 +474,39 @@ async fn a_slot_migration_under_load_surfaces_no_error_and_keeps_the_quota() {
 // ---------------------------------------------------------------------------------------------
 // Scale-out: a slot moving to a node that joined after the store connected
 
+/// `CLUSTER SETSLOT <slot> <state> <id>` on `server`.
+fn setslot(server: &RedisServer, slot: u16, state: &str, id: &str) {
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(state)
+        .arg(id)
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+}
+
+/// A fourth, empty primary joins `cluster`, the ASK window opens from `rkey`'s node towards it,
+/// and the bucket `rkey` moves there (`MIGRATE`): the new node and its id. The slot stays in
+/// the window until every node is told `SETSLOT … NODE <id>`.
+fn move_to_a_joined_node(cluster: &RedisCluster, rkey: &str) -> (RedisServer, String) {
+    let slot = RedisCluster::slot_of(rkey);
+    let new = RedisCluster::empty_node();
+    let new_id = cluster.join(&new, new.port());
+    let from = cluster.node_for_slot(slot);
+    let from_id = cluster.node_id(from).to_owned();
+    setslot(&new, slot, "IMPORTING", &from_id);
+    setslot(&cluster.nodes()[from], slot, "MIGRATING", &new_id);
+    let () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(new.port())
+        .arg(rkey)
+        .arg(0)
+        .arg(5000)
+        .query(&mut cluster.nodes()[from].client().get_connection().unwrap())
+        .unwrap();
+    (new, new_id)
+}
+
 /// The usual way to scale a cluster out: a new, empty primary joins (`CLUSTER MEET`) and slots
 /// are resharded to it. While a slot moves there (the ASK window, the bucket already on the
 /// new node) the source answers `ASK <new node>`; once the move ends, `MOVED`. The new node
@@ -490,32 +523,9 @@ async fn a_slot_moving_to_a_newly_joined_node_is_followed() {
     let slot = RedisCluster::slot_of(&rkey);
     assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
 
-    // A fourth, empty primary joins the running cluster.
-    let new = RedisCluster::empty_node();
-    let new_id = tokio::task::block_in_place(|| cluster.join(&new, new.port()));
-    let from = cluster.node_for_slot(slot);
-    let from_id = cluster.node_id(from).to_owned();
-
-    // Open the ASK window towards the new node and move the bucket there.
-    let setslot = |server: &RedisServer, state: &str, id: &str| {
-        let () = redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(id)
-            .query(&mut server.client().get_connection().unwrap())
-            .unwrap();
-    };
-    setslot(&new, "IMPORTING", &from_id);
-    setslot(&cluster.nodes()[from], "MIGRATING", &new_id);
-    let () = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(new.port())
-        .arg(&rkey)
-        .arg(0)
-        .arg(5000)
-        .query(&mut cluster.nodes()[from].client().get_connection().unwrap())
-        .unwrap();
+    // A fourth, empty primary joins the running cluster; the ASK window opens towards it and
+    // the bucket moves there.
+    let (new, new_id) = tokio::task::block_in_place(|| move_to_a_joined_node(&cluster, &rkey));
 
     // The bucket moved with its state; the store follows the ASK to the new node on every
     // call of the ASK window, one at a time and in batches that repeat the key.
@@ -544,7 +554,7 @@ async fn a_slot_moving_to_a_newly_joined_node_is_followed() {
 
     // The move ends: every node assigns the slot to the new node; the source answers MOVED.
     for server in cluster.nodes().iter().chain([&new]) {
-        setslot(server, "NODE", &new_id);
+        setslot(server, slot, "NODE", &new_id);
     }
     let mut results = Vec::new();
     for _ in 0..5 {
@@ -620,18 +630,6 @@ async fn a_batch_in_the_ask_window_keeps_its_order_while_the_script_cache_churns
 // ---------------------------------------------------------------------------------------------
 // Idle connections closed by the nodes
 
-/// Closes every normal client connection of `node` except the caller's: what a node's
-/// idle-client `timeout`, an operator's `CLIENT KILL` or a load balancer's idle cut does.
-fn kill_clients(node: &RedisServer) -> i64 {
-    let mut admin = node.client().get_connection().unwrap();
-    redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .query(&mut admin)
-        .unwrap()
-}
-
 /// Every node closes the store's connections while no call is in flight; Redis answers all
 /// along, so no later call may fail as unavailable (that would apply the failure mode against
 /// a healthy cluster). On RESP2 redis-rs cannot hear of the close: the first call on each
@@ -653,7 +651,7 @@ async fn a_cluster_store_survives_idle_connections_closed_by_every_node() {
         store.acquire(key, &policy, 1).await.unwrap();
     }
     for node in cluster.nodes() {
-        let killed = tokio::task::block_in_place(|| kill_clients(node));
+        let killed = tokio::task::block_in_place(|| node.kill_clients());
         assert!(killed >= 1, "killed {killed}");
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -681,34 +679,11 @@ async fn a_direct_connection_closed_by_a_joined_node_is_replaced_before_the_next
     let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
     let key = Key::new("idle-direct", ["k0"]).unwrap();
     let rkey = store.redis_key(&key, &policy);
-    let slot = RedisCluster::slot_of(&rkey);
     assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
-    let new = RedisCluster::empty_node();
-    let new_id = tokio::task::block_in_place(|| cluster.join(&new, new.port()));
-    let from = cluster.node_for_slot(slot);
-    let from_id = cluster.node_id(from).to_owned();
-    let setslot = |server: &RedisServer, state: &str, id: &str| {
-        let () = redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(id)
-            .query(&mut server.client().get_connection().unwrap())
-            .unwrap();
-    };
-    setslot(&new, "IMPORTING", &from_id);
-    setslot(&cluster.nodes()[from], "MIGRATING", &new_id);
-    let () = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(new.port())
-        .arg(&rkey)
-        .arg(0)
-        .arg(5000)
-        .query(&mut cluster.nodes()[from].client().get_connection().unwrap())
-        .unwrap();
+    let (new, _) = tokio::task::block_in_place(|| move_to_a_joined_node(&cluster, &rkey));
     // the first call in the ASK window connects to the new node directly
     assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 98);
-    let killed = tokio::task::block_in_place(|| kill_clients(&new));
+    let killed = tokio::task::block_in_place(|| new.kill_clients());
     assert!(killed >= 1, "killed {killed}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut results = Vec::new();

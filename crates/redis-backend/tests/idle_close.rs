@@ -19,22 +19,11 @@ fn key(i: usize) -> Key {
     Key::new("idle", [format!("k{i}")]).unwrap()
 }
 
-/// Closes every normal client connection of `server` except the caller's.
-fn kill_clients(server: &RedisServer) -> i64 {
-    let mut admin = server.client().get_connection().unwrap();
-    redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .query(&mut admin)
-        .unwrap()
-}
-
 /// One warm-up call, every connection closed by the server, 300 ms idle, then 8 calls: the
 /// failures among them.
 async fn after_an_idle_close(server: &RedisServer, store: &RedisStore) -> Vec<StoreError> {
     store.acquire(&key(0), &policy(), 1).await.unwrap();
-    let killed = tokio::task::block_in_place(|| kill_clients(server));
+    let killed = tokio::task::block_in_place(|| server.kill_clients());
     assert!(killed >= 1, "killed {killed}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut failures = Vec::new();
@@ -223,7 +212,7 @@ async fn registry_after_idle_closes(server: &RedisServer, reg: &RedisRegistry) -
             warm = reg.publish("api", &policy()).await;
         }
         warm.unwrap();
-        let killed = tokio::task::block_in_place(|| kill_clients(server));
+        let killed = tokio::task::block_in_place(|| server.kill_clients());
         assert!(killed >= 1, "killed {killed}");
         wait_for_clients(server, |ids| !ids.is_empty()).await;
         let out = match call {

@@ -238,6 +238,22 @@ impl RedisServer {
         redis::Client::open(self.connection_info()).expect("a TCP address makes a valid client")
     }
 
+    /// Closes every normal client connection of this server except the caller's
+    /// (`CLIENT KILL TYPE normal`): what the server's idle `timeout`, an operator's `CLIENT
+    /// KILL` or a load balancer's idle cut does to a connection. How many it closed.
+    ///
+    /// # Panics
+    /// If the server does not answer.
+    pub fn kill_clients(&self) -> i64 {
+        let mut admin = self.client().get_connection().expect("the server answers");
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query(&mut admin)
+            .expect("CLIENT KILL answers")
+    }
+
     /// The server's clock.
     ///
     /// # Panics
