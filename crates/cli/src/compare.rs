@@ -360,31 +360,9 @@ pub(crate) struct CeilingArgs {
 /// `bytes`, a run of MessagePack unsigned integers (the script's argument), as `mp:a,b,…`;
 /// `None` if they are anything else.
 fn mp_notation(bytes: &[u8]) -> Option<String> {
-    let mut out = Vec::new();
-    let mut rest = bytes;
-    while let Some((&tag, tail)) = rest.split_first() {
-        let width = match tag {
-            0..=0x7f => 0,
-            0xcc => 1,
-            0xcd => 2,
-            0xce => 4,
-            0xcf => 8,
-            _ => return None,
-        };
-        if tail.len() < width {
-            return None;
-        }
-        let n = if width == 0 {
-            u64::from(tag)
-        } else {
-            tail[..width]
-                .iter()
-                .fold(0u64, |n, &b| (n << 8) | u64::from(b))
-        };
-        out.push(n.to_string());
-        rest = &tail[width..];
-    }
-    Some(format!("mp:{}", out.join(",")))
+    let ints = tollgate::redis::record::uints(bytes)?;
+    let ints: Vec<String> = ints.iter().map(u64::to_string).collect();
+    Some(format!("mp:{}", ints.join(",")))
 }
 
 /// Runs `tollgate ceiling`.

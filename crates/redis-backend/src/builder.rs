@@ -187,8 +187,8 @@ impl RedisStore {
     /// `timeout`, `CLIENT KILL`, a load balancer's idle cut) is replaced before the next call:
     /// the store speaks RESP3, over which redis-rs hears of the close, unless the first
     /// node's URL names a protocol (`?protocol=resp2`: then the first call on each closed
-    /// connection fails as unavailable). It never resends a command after a connection failure, so every decision is
-    /// applied at most once. A batch ([`acquire_many`](tollgate_core::Store::acquire_many))
+    /// connection fails as unavailable). It never resends a command after a connection
+    /// failure, so every decision is applied at most once. A batch ([`acquire_many`](tollgate_core::Store::acquire_many))
     /// sends all its scripts at once, each to its key's node: one round trip per node, the
     /// nodes in parallel. `CLUSTERDOWN` and `TRYAGAIN` are [`StoreError::Unavailable`].
     /// [`multiplexed`](RedisStoreBuilder::multiplexed) and [`pool`](RedisStoreBuilder::pool)
@@ -547,7 +547,7 @@ pub fn client_for(url: &str) -> Result<redis::Client, StoreError> {
 /// `CLIENT KILL`, a load balancer's idle cut), so the store moves to a fresh connection
 /// before the next call rather than failing that call as if Redis were down. The store's
 /// replies read the same under both protocols.
-pub(crate) fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
     // the query's own parameters only: a password or path may contain the text
     let query = url.split_once('?').map_or("", |(_, q)| q);
     let query = query.split_once('#').map_or(query, |(q, _)| q);

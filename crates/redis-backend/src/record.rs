@@ -78,6 +78,23 @@ pub(crate) fn get(raw: &[u8], pos: &mut usize) -> Option<u64> {
     Some(bytes.iter().fold(0, |n, &b| (n << 8) | u64::from(b)))
 }
 
+/// `raw` read as MessagePack unsigned integers one after the other (any of their encodings),
+/// or `None` if it holds anything else: how the scripts' argument reads (see
+/// [`crate::scripts::args`]), for tools that print it.
+///
+/// ```
+/// assert_eq!(tollgate_redis::record::uints(&[1, 0xcd, 0x4e, 0x20]), Some(vec![1, 20000]));
+/// assert_eq!(tollgate_redis::record::uints(&[0xcd, 0x4e]), None);
+/// ```
+pub fn uints(raw: &[u8]) -> Option<Vec<u64>> {
+    let mut pos = 0;
+    let mut out = Vec::new();
+    while pos < raw.len() {
+        out.push(get(raw, &mut pos)?);
+    }
+    Some(out)
+}
+
 /// The bytes a script writes for `record`.
 ///
 /// # Panics

@@ -19,7 +19,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use tollgate_core::{Key, Policy, SpecError, StoreError};
 
-use crate::builder::with_resp3;
+use crate::builder::client_for;
 use crate::error::classify;
 
 /// Why a registry call failed.
@@ -126,12 +126,10 @@ impl RedisRegistry {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Self, RegistryError> {
-        // RESP3 unless the URL names a protocol, as the store: redis-rs then tells the
+        // The store's client (RESP3 unless the URL names a protocol): redis-rs then tells the
         // connection manager when the server closes its connection while idle, and it
         // reconnects before the next call instead of failing it.
-        let info =
-            redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| classify(&e))?;
-        let client = redis::Client::open(with_resp3(url, info)).map_err(|e| classify(&e))?;
+        let client = client_for(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
