@@ -262,6 +262,21 @@ fn speaks_resp3(client: &redis::Client) -> bool {
     client.get_connection_info().redis_settings().protocol() == redis::ProtocolVersion::RESP3
 }
 
+/// `config` for a connection of `client` that flags `health` broken when it closes
+/// ([`flag_broken_on_disconnect`]), where the protocol can tell (RESP3); `config` as it is over
+/// RESP2.
+fn watching_close(
+    config: AsyncConnectionConfig,
+    client: &redis::Client,
+    health: &Arc<Health>,
+) -> AsyncConnectionConfig {
+    if speaks_resp3(client) {
+        config.set_push_sender(flag_broken_on_disconnect(health))
+    } else {
+        config
+    }
+}
+
 /// One call in flight on a connection with `health`: runs `on_suspect` if dropped before
 /// [`InFlight::done`] and the drop raises a suspicion ([`Health`]).
 struct InFlight<'a, F: FnOnce()> {
@@ -613,13 +628,7 @@ impl bb8::ManageConnection for PoolManager {
     /// ([`flag_broken_on_disconnect`]), so [`checkout`] drops it before a call meets it.
     async fn connect(&self) -> Result<PooledConn, RedisError> {
         let health = Arc::default();
-        let config = if speaks_resp3(&self.client) {
-            self.config
-                .clone()
-                .set_push_sender(flag_broken_on_disconnect(&health))
-        } else {
-            self.config.clone()
-        };
+        let config = watching_close(self.config.clone(), &self.client, &health);
         Ok(PooledConn {
             conn: self
                 .client
@@ -746,11 +755,7 @@ impl SentinelConn {
             let health = Arc::default();
             let connect = async {
                 let primary = client.async_get_client().await?;
-                let config = if speaks_resp3(&primary) {
-                    config.set_push_sender(flag_broken_on_disconnect(&health))
-                } else {
-                    config
-                };
+                let config = watching_close(config, &primary, &health);
                 primary
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
@@ -1000,13 +1005,7 @@ impl Cluster {
         // Over RESP3 the connection flags itself broken when the node closes it
         // ([`flag_broken_on_disconnect`]), and [`Cluster::direct`] connects afresh.
         let health = Arc::default();
-        let config = if speaks_resp3(&client) {
-            self.node_config
-                .clone()
-                .set_push_sender(flag_broken_on_disconnect(&health))
-        } else {
-            self.node_config.clone()
-        };
+        let config = watching_close(self.node_config.clone(), &client, &health);
         let conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;

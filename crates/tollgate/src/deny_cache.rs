@@ -114,6 +114,23 @@ impl DenyCache {
         hit
     }
 
+    /// A shared decision on `key` for a request of `cost` sent at `sent`: a denial is remembered
+    /// ([`DenyCache::insert`]), an admission drops the key's entry ([`DenyCache::admitted`]).
+    pub(crate) fn record(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        decision: &Decision,
+        sent: (Instant, u64),
+    ) {
+        if decision.allowed {
+            self.admitted(key);
+        } else {
+            self.insert(key, policy, cost, decision, sent);
+        }
+    }
+
     /// Remembers a shared denial of `cost` on `key` for a request sent at `sent`, when the
     /// epoch read before sending ([`DenyCache::epoch`]) is still current: no reset happened
     /// while the request was in flight.

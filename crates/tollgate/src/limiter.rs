@@ -492,11 +492,7 @@ impl Limiter {
             Ok(decision) => {
                 ticket.settle(true);
                 if let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch) {
-                    if decision.allowed {
-                        cache.admitted(key);
-                    } else {
-                        cache.insert(key, &active.policy, cost, &decision, (started, epoch));
-                    }
+                    cache.record(key, &active.policy, cost, &decision, (started, epoch));
                 }
                 Ok(decision)
             }
@@ -665,11 +661,7 @@ impl Limiter {
                 let outcome = match result {
                     Ok(d) => {
                         if let (Some(cache), Some(epoch)) = (&inner.deny_cache, epoch) {
-                            if d.allowed {
-                                cache.admitted(key);
-                            } else {
-                                cache.insert(key, policy, cost, &d, (started, epoch));
-                            }
+                            cache.record(key, policy, cost, &d, (started, epoch));
                         }
                         Ok(d)
                     }
