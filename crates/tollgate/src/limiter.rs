@@ -930,12 +930,19 @@ fn breaker_open() -> StoreError {
     }
 }
 
-/// An error of `e`'s class standing for it on one request of a batch that failed as a whole.
+/// An error of `e`'s class standing for it on one request of a batch that failed as a whole,
+/// saying what `e` says (its source, which cannot be cloned, aside).
 fn same_class(e: &StoreError) -> StoreError {
     match e {
         StoreError::Busy(m) => StoreError::Busy(m.clone()),
         StoreError::Timeout(d) => StoreError::Timeout(*d),
         StoreError::KeyCapReached { cap } => StoreError::KeyCapReached { cap: *cap },
+        // Its message, not its whole text: the text is this variant's prefix and the
+        // message, so the copy would say "store unavailable: " twice.
+        StoreError::Unavailable { message, .. } => StoreError::Unavailable {
+            message: message.clone(),
+            source: None,
+        },
         other => StoreError::Unavailable {
             message: other.to_string(),
             source: None,

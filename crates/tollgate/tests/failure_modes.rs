@@ -480,6 +480,29 @@ async fn batches_and_refusals_are_metered() {
     );
 }
 
+/// A batch that fails as a whole (the server killed) tells each request what a single call is
+/// told. Each request's error was rebuilt from the batch's whole text, so its class's prefix was
+/// said twice: "store unavailable: store unavailable: Redis: I/O error".
+#[tokio::test]
+async fn a_batch_failing_whole_says_what_a_single_call_says() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailureMode::Closed).await;
+    server.kill();
+    let single = timed(&limiter, "a").await.unwrap_err().to_string();
+    assert_eq!(single.matches("store unavailable").count(), 1, "{single}");
+    let keys: Vec<_> = (0..2)
+        .map(|i| limiter.key([format!("b{i}")]).unwrap())
+        .collect();
+    let batch = limiter.check_many(&keys, 1).await.unwrap();
+    assert_eq!(batch.len(), 2);
+    for result in batch {
+        let Err(e @ Error::Unavailable { .. }) = result else {
+            panic!("{result:?}")
+        };
+        assert_eq!(e.to_string(), single);
+    }
+}
+
 /// A failed reset is a failed store round trip like any other: counted by class in
 /// `tollgate_store_errors_total` (a timeout as `unavailable`), and one the store refuses for a
 /// reason that is not an outage — here an ACL user that may run the scripts but not `DEL` — is
