@@ -479,7 +479,7 @@ impl Limiter {
         let (permit, transition) = inner.breaker.permit();
         self.report(transition);
         if permit == Permit::Skip {
-            return self.fail_over(key, cost, breaker_open());
+            return self.fail_over(&active, key, cost, breaker_open());
         }
         let ticket = Ticket::new(self, permit);
         let epoch = inner.deny_cache.as_ref().map(DenyCache::epoch);
@@ -498,7 +498,7 @@ impl Limiter {
             }
             Err(e) => {
                 ticket.settle(!is_outage(e.class()));
-                self.on_store_error(key, cost, e, None)
+                self.on_store_error(&active, key, cost, e, None)
             }
         }
     }
@@ -518,7 +518,9 @@ impl Limiter {
     ) -> Result<Vec<Result<Decision, Error>>, Error> {
         let inner = &*self.inner;
         let started = Instant::now();
-        let policy = &self.policy();
+        // Held to the end of the call, as in `decide`: the failure mode answers under it too.
+        let active = inner.policy.load();
+        let policy = &active.policy;
         if keys.is_empty() {
             // Nothing to decide, and no store answer: it must not settle the breaker.
             return policy
@@ -545,7 +547,7 @@ impl Limiter {
                 let mut asked = if ask.is_empty() {
                     Vec::new()
                 } else {
-                    match Box::pin(self.decide_many(&ask, cost, policy, started)).await {
+                    match Box::pin(self.decide_many(&ask, cost, &active, started)).await {
                         Ok(asked) => asked,
                         // The whole call fails: the cached answers are refused with the rest
                         // (decide_many recorded those it was given).
@@ -568,19 +570,21 @@ impl Limiter {
                     .collect());
             }
         }
-        self.decide_many(keys, cost, policy, started).await
+        self.decide_many(keys, cost, &active, started).await
     }
 
     /// [`Limiter::check_many`] for `keys` the deny cache did not answer (every key when there
-    /// is none), with the cost checked; shared denials are cached.
+    /// is none), with the cost checked under `active` (the policy the call started with);
+    /// shared denials are cached.
     async fn decide_many(
         &self,
         keys: &[Key],
         cost: u64,
-        policy: &Policy,
+        active: &Active,
         started: Instant,
     ) -> Result<Vec<Result<Decision, Error>>, Error> {
         let inner = &*self.inner;
+        let policy = &active.policy;
         let epoch = inner.deny_cache.as_ref().map(DenyCache::epoch);
         let (permit, transition) = inner.breaker.permit();
         self.report(transition);
@@ -638,7 +642,7 @@ impl Limiter {
                             return Ok(keys
                                 .iter()
                                 .map(|key| {
-                                    let outcome = self.fail_over(key, cost, same_class(&e));
+                                    let outcome = self.fail_over(active, key, cost, same_class(&e));
                                     inner.meters.record(&outcome, started);
                                     outcome
                                 })
@@ -665,8 +669,8 @@ impl Limiter {
                         }
                         Ok(d)
                     }
-                    Err(e) if permit == Permit::Skip => self.fail_over(key, cost, e),
-                    Err(e) => self.on_store_error(key, cost, e, Some(&mut failed)),
+                    Err(e) if permit == Permit::Skip => self.fail_over(active, key, cost, e),
+                    Err(e) => self.on_store_error(active, key, cost, e, Some(&mut failed)),
                 };
                 inner.meters.record(&outcome, started);
                 outcome
@@ -803,11 +807,13 @@ impl Limiter {
         }
     }
 
-    /// The answer to a store error (the breaker already settled).
+    /// The answer to a store error (the breaker already settled), under `active`, the policy
+    /// the call started with.
     /// `batch`: within a batch, the first failure's class and message and the count of
     /// failures, for one warning after the batch; `None` warns now.
     fn on_store_error(
         &self,
+        active: &Active,
         key: &Key,
         cost: u64,
         error: StoreError,
@@ -820,7 +826,7 @@ impl Limiter {
                 Some(failed) => failed.get_or_insert((class, error.to_string(), 0)).2 += 1,
                 None => self.warn_outage(class, &error, 1),
             }
-            return self.fail_over(key, cost, error);
+            return self.fail_over(active, key, cost, error);
         }
         Err(self.classify(key, error))
     }
@@ -834,22 +840,37 @@ impl Limiter {
         Error::Store(error)
     }
 
-    /// The failure mode's answer for `key`, or [`Error::Unavailable`] when it fails closed.
-    fn fail_over(&self, key: &Key, cost: u64, error: StoreError) -> Result<Decision, Error> {
-        self.apply_failure_mode(key, cost, &error)
+    /// The failure mode's answer for `key` under `active` (the policy the call started with:
+    /// calls in flight finish under it, see [`Limiter::set_policy`]), or
+    /// [`Error::Unavailable`] when it fails closed.
+    fn fail_over(
+        &self,
+        active: &Active,
+        key: &Key,
+        cost: u64,
+        error: StoreError,
+    ) -> Result<Decision, Error> {
+        self.apply_failure_mode(active, key, cost, &error)
             .map_err(|()| Error::Unavailable {
                 operation: self.inner.operation.clone(),
                 source: error,
             })
     }
 
-    /// The failure mode's answer; `Err(())` means fail closed.
-    fn apply_failure_mode(&self, key: &Key, cost: u64, error: &StoreError) -> Result<Decision, ()> {
+    /// The failure mode's answer under `active`; `Err(())` means fail closed.
+    fn apply_failure_mode(
+        &self,
+        active: &Active,
+        key: &Key,
+        cost: u64,
+        error: &StoreError,
+    ) -> Result<Decision, ()> {
         let inner = &*self.inner;
         match &inner.failure_mode {
             FailureMode::Open => {
-                // One read of the policy, so that a switch meanwhile cannot mix two limits.
-                let limit = self.policy().limit();
+                // The call's policy, not the one in force now: a switch meanwhile must not
+                // answer a call checked against one limit with another (below its cost).
+                let limit = active.policy.limit();
                 Ok(Decision {
                     allowed: true,
                     limit,
@@ -861,7 +882,7 @@ impl Limiter {
             }
             FailureMode::Closed => Err(()),
             FailureMode::Degraded { local, .. } => {
-                self.decide_locally(local.decider(), key, cost, error)
+                self.decide_locally(active, local.decider(), key, cost, error)
             }
         }
     }
@@ -876,17 +897,17 @@ impl Limiter {
         }
     }
 
-    /// A degraded failure mode's answer, from `local` under this instance's share of the
-    /// quota; `Err(())` when the local store fails too.
+    /// A degraded failure mode's answer, from `local` under this instance's share of
+    /// `active` (the policy the call started with); `Err(())` when the local store fails too.
     fn decide_locally(
         &self,
+        active: &Active,
         local: &dyn DecideNow,
         key: &Key,
         cost: u64,
         error: &StoreError,
     ) -> Result<Decision, ()> {
         let inner = &*self.inner;
-        let active = inner.policy.load();
         let policy = active.degraded.as_ref().unwrap_or(&active.policy);
         let local_decision = if cost > policy.limit() {
             // More than this instance's share can ever hold. Charging less than the

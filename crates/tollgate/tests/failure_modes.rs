@@ -881,3 +881,122 @@ mod consecutive_failures {
         }
     }
 }
+
+/// A call decides under the policy it started with, as `Limiter::set_policy` says ("calls in
+/// flight finish under the one they started with"), its failure mode too. The failure mode
+/// read the policy again once the store had failed: a call of cost 50 started under a limit of
+/// 100, in flight when the limit became 10, was bypassed with `limit` 10 (below its own cost),
+/// and denied under the degraded mode by a share it had never been checked against.
+mod policy_in_flight {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tokio::sync::Notify;
+    use tollgate::redis::RedisStore;
+    use tollgate::{
+        Decision, Enforcement, FailureMode, Key, Limiter, Policy, Rate, Store, StoreError,
+    };
+    use tollgate_testkit::server::RedisServer;
+
+    /// The real Redis store, telling the test when a call has reached it.
+    struct Entered {
+        redis: RedisStore,
+        entered: Arc<Notify>,
+    }
+
+    #[async_trait]
+    impl Store for Entered {
+        async fn acquire(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            self.entered.notify_one();
+            self.redis.acquire(key, policy, cost).await
+        }
+
+        async fn peek(
+            &self,
+            key: &Key,
+            policy: &Policy,
+            cost: u64,
+        ) -> Result<Decision, StoreError> {
+            self.redis.peek(key, policy, cost).await
+        }
+
+        async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
+            self.redis.reset(key, policy).await
+        }
+    }
+
+    /// Starts a call of cost 50 under a limit of 100 against a paused server, switches the
+    /// policy to a limit of 10 while it waits, and returns what the failure mode answered; as a
+    /// batch of one (`check_many`) if `batch`.
+    async fn switched_in_flight(mode: FailureMode, batch: bool) -> Decision {
+        let mut server = RedisServer::start();
+        let redis = RedisStore::builder(server.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        let entered = Arc::new(Notify::new());
+        let old = Policy::token_bucket(100, Rate::new(1, Duration::from_secs(3600))).unwrap();
+        let limiter = Limiter::builder("inflight", old)
+            .store(Arc::new(Entered {
+                redis,
+                entered: entered.clone(),
+            }))
+            .failure_mode(mode)
+            .timeout(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        server.pause();
+        let call = {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                if batch {
+                    let key = limiter.key(["k"]).unwrap();
+                    let mut results = limiter.check_many(&[key], 50).await.unwrap();
+                    assert_eq!(results.len(), 1);
+                    results.remove(0)
+                } else {
+                    limiter.check(["k"], 50).await
+                }
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(5), entered.notified())
+            .await
+            .expect("the call reached the store");
+        let new = Policy::token_bucket(10, Rate::new(1, Duration::from_secs(3600))).unwrap();
+        limiter.set_policy(new.with_generation(1));
+        let out = tokio::time::timeout(Duration::from_secs(5), call)
+            .await
+            .expect("the call returns at its deadline")
+            .unwrap();
+        server.resume();
+        out.unwrap()
+    }
+
+    #[tokio::test]
+    async fn open_answers_under_the_policy_the_call_started_with() {
+        let d = switched_in_flight(FailureMode::Open, false).await;
+        assert_eq!(d.enforcement, Enforcement::Bypassed);
+        assert!(d.allowed);
+        assert_eq!((d.limit, d.remaining), (100, 100), "{d:?}");
+    }
+
+    #[tokio::test]
+    async fn degraded_decides_under_the_share_of_the_policy_the_call_started_with() {
+        for batch in [false, true] {
+            let d = switched_in_flight(FailureMode::degraded(1), batch).await;
+            assert_eq!(d.enforcement, Enforcement::Degraded, "batch {batch}");
+            assert!(
+                d.allowed,
+                "batch {batch}: cost 50 of a local share of 100: {d:?}"
+            );
+            assert_eq!((d.limit, d.remaining), (100, 50), "batch {batch}: {d:?}");
+        }
+    }
+}
