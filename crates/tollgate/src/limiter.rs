@@ -657,7 +657,7 @@ impl Limiter {
                 }
             }
         };
-        let mut failed = None;
+        let mut failed = Vec::new();
         let out = keys
             .iter()
             .zip(results)
@@ -676,7 +676,7 @@ impl Limiter {
                 outcome
             })
             .collect();
-        if let Some((class, error, n)) = failed {
+        for (class, error, n) in failed {
             self.warn_outage(class, &error, n);
         }
         Ok(out)
@@ -809,21 +809,25 @@ impl Limiter {
 
     /// The answer to a store error (the breaker already settled), under `active`, the policy
     /// the call started with.
-    /// `batch`: within a batch, the first failure's class and message and the count of
-    /// failures, for one warning after the batch; `None` warns now.
+    /// `batch`: within a batch, per class of failure, the first one's message and their
+    /// count, for one warning per class after the batch (a key-cap refusal's is thinned, an
+    /// outage's is not: one class must not label or hide the other); `None` warns now.
     fn on_store_error(
         &self,
         active: &Active,
         key: &Key,
         cost: u64,
         error: StoreError,
-        batch: Option<&mut Option<(ErrorClass, String, usize)>>,
+        batch: Option<&mut Vec<(ErrorClass, String, usize)>>,
     ) -> Result<Decision, Error> {
         let class = error.class();
         self.inner.meters.store_error(class);
         if is_outage(class) || class == ErrorClass::Capacity {
             match batch {
-                Some(failed) => failed.get_or_insert((class, error.to_string(), 0)).2 += 1,
+                Some(failed) => match failed.iter_mut().find(|(c, ..)| *c == class) {
+                    Some((.., n)) => *n += 1,
+                    None => failed.push((class, error.to_string(), 1)),
+                },
                 None => self.warn_outage(class, &error, 1),
             }
             return self.fail_over(active, key, cost, error);
