@@ -736,6 +736,66 @@ mod tests {
         );
     }
 
+    /// Whatever a client writes at the left of a line (quotes left open, escapes, separators,
+    /// bytes that are not text, trusted-looking addresses), the entries a trusted proxy
+    /// appended after it decide the client: a deterministic sweep of 30,000 random prefixes
+    /// per header form, on one line and on a line of its own before the proxy's.
+    #[test]
+    fn nothing_a_client_writes_first_changes_what_a_proxy_appended() {
+        let mut state: u64 = 0x1234_5678_9abc_def1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let alphabet: &[u8] = b"\",;=\\ []:._-forFOR01256789abcdefunknown\t\xff\xfe";
+        for (header, name, appended) in [
+            (
+                ForwardedHeader::XForwardedFor,
+                "x-forwarded-for",
+                "203.0.113.7",
+            ),
+            (
+                ForwardedHeader::XForwardedFor,
+                "x-forwarded-for",
+                "203.0.113.7, 10.0.0.2",
+            ),
+            (ForwardedHeader::Forwarded, "forwarded", "for=203.0.113.7"),
+            (
+                ForwardedHeader::Forwarded,
+                "forwarded",
+                r#"for="203.0.113.7";host="a,b\"c;for=6.6.6.6", for=10.0.0.2"#,
+            ),
+        ] {
+            let proxies = TrustedProxies::new(["10.0.0.0/8".parse().unwrap()], header);
+            for i in 0..30_000 {
+                let len = usize::try_from(next() % 24).unwrap();
+                let written: Vec<u8> = (0..len)
+                    .map(|_| alphabet[usize::try_from(next()).unwrap() % alphabet.len()])
+                    .collect();
+                let Ok(own_line) = HeaderValue::from_bytes(&written) else {
+                    continue;
+                };
+                let mut h = HeaderMap::new();
+                if i % 2 == 0 {
+                    let mut line = written.clone();
+                    line.extend_from_slice(b", ");
+                    line.extend_from_slice(appended.as_bytes());
+                    h.insert(name, HeaderValue::from_bytes(&line).unwrap());
+                } else {
+                    h.append(name, own_line);
+                    h.append(name, HeaderValue::from_static(appended));
+                }
+                assert_eq!(
+                    proxies.client_ip(ip("10.0.0.1"), &h),
+                    ip("203.0.113.7"),
+                    "{h:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn only_the_configured_header_is_read() {
         let p = xff_trusting(&["10.0.0.0/8"]);
