@@ -1,7 +1,8 @@
 //! The floor under any keyed limiter on a dashmap: one `get_mut` and one write per call, on the
 //! same keys and hasher as `hot_key`, with map entries of 24 bytes (a `Key` and one 8-byte
-//! state, governor's layout), 32 bytes (a `Key` and a 16-byte state: a token bucket's level and
-//! time with nothing else) or 48 bytes (a `Key` and a 32-byte bucket, LocalStore's).
+//! state, governor's layout), 32 bytes (a `Key` and a 16-byte bucket: LocalStore's since its
+//! compact bucket packs the parameters' index into the time and derives the expiry) or 48
+//! bytes (a `Key` and the 32-byte bucket LocalStore had before).
 //! `map_floor <24|32|48> [keys] [calls]`; under `benches/scripts/local-cost.sh` it gives the
 //! instructions and cache misses the map alone costs at each entry size.
 

@@ -2,19 +2,27 @@
 //! expires keys exactly when a Redis server on the same clock would.
 //!
 //! A bucket holds a [`Record`] in one of two forms. The common records — a token bucket or a
-//! fixed window with no pending policy change — are kept compact: the generation and parameters
-//! that wrote them are interned once per store in a [`ParamsTable`], and the bucket keeps only
-//! their index and the algorithm's two numbers (a map slot of 48 bytes with its key, against
-//! 144 for a full `Record`). Anything else (a sliding log, a pending mark, a table already
-//! full) is boxed. The compact form stands for exactly the record it was made from, and every
-//! decision is the core's: the fast path below runs only where
-//! [`algorithm::apply`] would decide on the stored record as it is, and does what it does.
+//! fixed window with no pending policy change — are kept compact in 16 bytes: the generation
+//! and parameters that wrote them are interned once per store in a [`ParamsTable`], and the
+//! bucket keeps only the algorithm's two numbers, its time packed with the parameters' index
+//! (a map slot of 32 bytes with its key, against 144 for a full `Record`). A compact bucket
+//! keeps no expiry: it is the one its record's last write set, computed again from the record
+//! ([`token_bucket_expiry`], [`fixed_window_expiry`]), and a record whose expiry is not that
+//! one (a token bucket written with the clock behind it, a window written in its last
+//! millisecond) is boxed with its expiry instead, as is anything else (a sliding log, a pending
+//! mark, a table already full, a time past 2^56 µs). The compact form stands for exactly the
+//! record and expiry it was made from, and every decision is the core's: the fast path below
+//! runs only where [`algorithm::apply`] would decide on the stored record as it is, and does
+//! what it does.
 
+use std::num::NonZeroU64;
 use std::sync::OnceLock;
 
 use tollgate_core::algorithm::{self, FixedWindowState, Record, State, TokenBucketState};
 use tollgate_core::algorithm::{expires_at_ms, fixed_window, token_bucket};
-use tollgate_core::{Algorithm, Decision, Policy, PolicyError, StoreError};
+use tollgate_core::{
+    Algorithm, Decision, FixedWindow, Policy, PolicyError, StoreError, TokenBucket,
+};
 
 use crate::lent::{COLD_US, HOT_US, Held};
 
@@ -87,88 +95,258 @@ impl ParamsTable {
     }
 }
 
-/// A bucket's record in compact or boxed form.
-#[derive(Debug)]
-enum Slot {
-    /// No record: a missing (or expired) bucket.
-    Missing,
-    /// A token bucket record with no pending mark; its generation and parameters interned.
-    TokenBucket(u8, TokenBucketState),
-    /// A fixed window record with no pending mark; its generation and parameters interned.
-    FixedWindow(u8, FixedWindowState),
-    /// Any other record (always `Some`; boxed as an `Option` so the core decides on it in place).
-    Boxed(Box<Option<Record>>),
-    /// A compact token bucket lent to the store's slot table ([`crate::lent`]), which holds it.
-    Lent,
+/// The last millisecond a token bucket holding `s` is alive when `s` was written at
+/// `s.updated` (the clock not behind the bucket): the `PXAT` of a write with the TTL the core
+/// returns then, the time the bucket takes to be full again (at least 1 µs).
+fn token_bucket_expiry(p: &TokenBucket, s: TokenBucketState) -> u64 {
+    let refill = p.capacity_units().saturating_sub(s.level).div_ceil(p.rate);
+    expires_at_ms(s.updated, refill.max(1))
 }
 
-impl Slot {
-    /// The slot for `record`: compact when it can be.
-    fn of(record: Option<Record>, table: &ParamsTable) -> Self {
-        let Some(r) = record else {
-            return Self::Missing;
+/// Whether a compact token bucket holding `s` is alive at `now_ms`
+/// (`now_ms <= token_bucket_expiry(p, s)`), with no division: the expiry ends the
+/// millisecond holding `s.updated + max(refill, 1000)`, so the bucket is alive while that
+/// instant is at or past `now_ms`'s first microsecond, and `refill >= x` is
+/// `cap - level > (x - 1) * rate`.
+#[inline]
+fn token_bucket_alive(p: &TokenBucket, s: TokenBucketState, now_ms: u64) -> bool {
+    let from = now_ms * 1000;
+    if s.updated.saturating_add(1000) >= from {
+        return true;
+    }
+    let x = from - s.updated;
+    u128::from(p.capacity_units().saturating_sub(s.level)) > u128::from(x - 1) * u128::from(p.rate)
+}
+
+/// The last millisecond a fixed window holding `s` is alive: the one holding its end (the
+/// `PXAT` of any write in it but one made in its last millisecond, which is boxed).
+fn fixed_window_expiry(p: &FixedWindow, s: FixedWindowState) -> u64 {
+    s.window_start.saturating_add(p.window_micros) / 1000
+}
+
+/// The largest time (µs since the epoch, 2^56 - 1: the year 4253) a compact bucket holds.
+const MAX_TIME: u64 = (1 << 56) - 1;
+/// Codes in a compact bucket's low byte: a missing bucket, a lent one, a token bucket
+/// (`TOKEN_BUCKET + id`) or a fixed window (`FIXED_WINDOW + id`) under interned entry `id`.
+const MISSING: u8 = 0xFF;
+const LENT: u8 = 0xFE;
+const TOKEN_BUCKET: u8 = 1;
+const FIXED_WINDOW: u8 = TOKEN_BUCKET + INTERNED as u8;
+const FIXED_WINDOW_END: u8 = FIXED_WINDOW + INTERNED as u8;
+
+/// A bucket in 16 bytes: two numbers (a token bucket's level and time, a fixed window's count
+/// and start) and a code (see [`MISSING`]). `meta` is never 0, so that [`Slot`] fits in the
+/// same 16 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Compact {
+    /// A token bucket's level, a fixed window's count; 0 for a missing or lent bucket.
+    value: u64,
+    /// The time (`updated`, `window_start`; at most [`MAX_TIME`]) << 8 | the code.
+    meta: NonZeroU64,
+}
+
+impl Compact {
+    const MISSING: Self = Self::new(0, 0, MISSING);
+    const LENT: Self = Self::new(0, 0, LENT);
+
+    const fn new(value: u64, time: u64, code: u8) -> Self {
+        // Codes are never 0; a 0 (which no caller makes) would read as a missing bucket.
+        let meta = match NonZeroU64::new(time << 8 | code as u64) {
+            Some(meta) => meta,
+            None => NonZeroU64::MAX,
         };
-        Self::compact(&r, table).unwrap_or_else(|| Self::Boxed(Box::new(Some(r))))
+        Self { value, meta }
     }
 
-    /// The compact form of `r`, if it has one (and the table has room for its parameters).
-    fn compact(r: &Record, table: &ParamsTable) -> Option<Self> {
+    #[inline]
+    const fn code(self) -> u8 {
+        self.meta.get() as u8
+    }
+
+    #[inline]
+    const fn time(self) -> u64 {
+        self.meta.get() >> 8
+    }
+
+    fn token_bucket(id: u8, s: TokenBucketState) -> Self {
+        debug_assert!(s.updated <= MAX_TIME && usize::from(id) < INTERNED);
+        Self::new(s.level, s.updated, TOKEN_BUCKET + id)
+    }
+
+    fn fixed_window(id: u8, s: FixedWindowState) -> Self {
+        debug_assert!(s.window_start <= MAX_TIME && usize::from(id) < INTERNED);
+        Self::new(s.count, s.window_start, FIXED_WINDOW + id)
+    }
+
+    /// A token bucket's interned index and state.
+    #[inline]
+    fn as_token_bucket(self) -> Option<(u8, TokenBucketState)> {
+        let code = self.code();
+        (TOKEN_BUCKET..FIXED_WINDOW).contains(&code).then(|| {
+            let s = TokenBucketState {
+                level: self.value,
+                updated: self.time(),
+            };
+            (code - TOKEN_BUCKET, s)
+        })
+    }
+
+    /// A fixed window's interned index and state.
+    #[inline]
+    fn as_fixed_window(self) -> Option<(u8, FixedWindowState)> {
+        let code = self.code();
+        (FIXED_WINDOW..FIXED_WINDOW_END).contains(&code).then(|| {
+            let s = FixedWindowState {
+                window_start: self.time(),
+                count: self.value,
+            };
+            (code - FIXED_WINDOW, s)
+        })
+    }
+
+    /// The compact form of `r` with expiry `expires_at_ms`, if it has one (and the table has
+    /// room for its parameters).
+    fn of(r: &Record, expires_at_ms: u64, table: &ParamsTable) -> Option<Self> {
         if r.pending.is_some() {
             return None;
         }
         match (&r.params, &r.state) {
-            (Algorithm::TokenBucket(_), State::TokenBucket(s)) => table
-                .intern(r.generation, &r.params)
-                .map(|id| Self::TokenBucket(id, *s)),
-            (Algorithm::FixedWindow(_), State::FixedWindow(s)) => table
-                .intern(r.generation, &r.params)
-                .map(|id| Self::FixedWindow(id, *s)),
+            (Algorithm::TokenBucket(p), State::TokenBucket(s))
+                if s.updated <= MAX_TIME && token_bucket_expiry(p, *s) == expires_at_ms =>
+            {
+                table
+                    .intern(r.generation, &r.params)
+                    .map(|id| Self::token_bucket(id, *s))
+            }
+            (Algorithm::FixedWindow(p), State::FixedWindow(s))
+                if s.window_start <= MAX_TIME && fixed_window_expiry(p, *s) == expires_at_ms =>
+            {
+                table
+                    .intern(r.generation, &r.params)
+                    .map(|id| Self::fixed_window(id, *s))
+            }
             _ => None,
         }
     }
 
-    /// The record this slot stands for.
-    fn record(&self, table: &ParamsTable) -> Option<Record> {
-        let (id, state) = match self {
-            Self::Missing => return None,
-            Self::Lent => {
-                debug_assert!(false, "a lent bucket is taken back before it is read");
-                return None;
-            }
-            Self::Boxed(r) => return (**r).clone(),
-            Self::TokenBucket(id, s) => (*id, State::TokenBucket(*s)),
-            Self::FixedWindow(id, s) => (*id, State::FixedWindow(*s)),
+    /// The record this bucket stands for (`None` for a missing one) and its expiry.
+    fn record(self, table: &ParamsTable) -> (Option<Record>, u64) {
+        let (id, state, expiry) = if let Some((id, s)) = self.as_token_bucket() {
+            let Algorithm::TokenBucket(p) = &table.get(id).params else {
+                unreachable!("a token bucket's index holds token-bucket parameters")
+            };
+            (id, State::TokenBucket(s), token_bucket_expiry(p, s))
+        } else if let Some((id, s)) = self.as_fixed_window() {
+            let Algorithm::FixedWindow(p) = &table.get(id).params else {
+                unreachable!("a fixed window's index holds fixed-window parameters")
+            };
+            (id, State::FixedWindow(s), fixed_window_expiry(p, s))
+        } else {
+            debug_assert!(
+                self.code() != LENT,
+                "a lent bucket is taken back before it is read"
+            );
+            return (None, 0);
         };
         let g = table.get(id);
-        Some(Record {
+        let record = Record {
             generation: g.generation,
             params: g.params,
             pending: None,
             state,
-        })
+        };
+        (Some(record), expiry)
     }
 }
 
-/// A bucket's record and the instant it expires.
+/// A record kept whole, with its expiry.
+#[derive(Debug)]
+struct Boxed {
+    /// Always `Some` (an `Option` so the core decides on it in place).
+    record: Option<Record>,
+    /// Last millisecond (since the epoch) at which the bucket is alive, as Redis `PEXPIRE`.
+    expires_at_ms: u64,
+}
+
+/// A bucket's record in compact or boxed form.
+#[derive(Debug)]
+enum Slot {
+    Compact(Compact),
+    Boxed(Box<Boxed>),
+}
+
+/// The fast path's decision on an alive token bucket holding `s`, written under `held`: what
+/// [`algorithm::apply`] decides when `policy` lets the stored parameters govern as they are and
+/// the cost fits them, with `s` then the state written and the expiry it gets (`None` when
+/// nothing is written); `None` elsewhere, or when the state written would not be compact (the
+/// clock behind the bucket leaving an expiry the record does not give, a time past
+/// [`MAX_TIME`]), and then `s` is unchanged.
+#[allow(clippy::inline_always)] // on every call of a hot key, lent or not
+#[inline(always)]
+fn decide_token_bucket(
+    held: &Governing,
+    policy: &Policy,
+    now: u64,
+    cost: u64,
+    s: &mut TokenBucketState,
+) -> Option<(Decision, Option<u64>)> {
+    let Algorithm::TokenBucket(p) = &held.params else {
+        return None;
+    };
+    let g = policy.generation();
+    let governs =
+        g < held.generation || (g == held.generation && held.params_match(policy.algorithm()));
+    if !governs || cost > p.capacity {
+        return None;
+    }
+    let mut next = *s;
+    let out = token_bucket::apply_in_place(&mut next, p, now, cost, true);
+    let Some(ttl) = out.ttl_micros else {
+        return Some((out.decision, None));
+    };
+    let expiry = expires_at_ms(now, ttl);
+    // Written with the clock behind the bucket, the expiry may not be the one the record
+    // gives, and past `MAX_TIME` the time does not fit: the general path boxes such a record.
+    if next.updated > MAX_TIME || (now < s.updated && token_bucket_expiry(p, next) != expiry) {
+        return None;
+    }
+    *s = next;
+    Some((out.decision, Some(expiry)))
+}
+
+/// A bucket's record and the instant it expires, in 16 bytes.
 #[derive(Debug)]
 pub(crate) struct Bucket {
     slot: Slot,
-    /// Last millisecond (since the epoch) at which the bucket is alive, as Redis `PEXPIRE`.
-    pub(crate) expires_at_ms: u64,
 }
 
 impl Bucket {
     /// A missing bucket (as Redis sees a key that does not exist).
     pub(crate) const fn missing() -> Self {
         Self {
-            slot: Slot::Missing,
-            expires_at_ms: 0,
+            slot: Slot::Compact(Compact::MISSING),
         }
     }
 
+    /// The bucket holding `record` (`None`: missing) with expiry `expires_at_ms`: compact when
+    /// it can be.
+    fn holding(record: Option<Record>, expires_at_ms: u64, table: &ParamsTable) -> Self {
+        let Some(r) = record else {
+            return Self::missing();
+        };
+        let slot = match Compact::of(&r, expires_at_ms, table) {
+            Some(c) => Slot::Compact(c),
+            None => Slot::Boxed(Box::new(Boxed {
+                record: Some(r),
+                expires_at_ms,
+            })),
+        };
+        Self { slot }
+    }
+
     /// Whether a record is held (alive or not).
-    pub(crate) const fn holds_record(&self) -> bool {
-        !matches!(self.slot, Slot::Missing)
+    pub(crate) fn holds_record(&self) -> bool {
+        !matches!(self.slot, Slot::Compact(c) if c.code() == MISSING)
     }
 
     /// A new bucket holding `record`, written at `now_us` with a TTL of `ttl_us`.
@@ -179,21 +357,47 @@ impl Bucket {
         now_us: u64,
         ttl_us: u64,
     ) -> Self {
-        Self {
-            slot: Slot::of(record, table),
-            expires_at_ms: expires_at_ms(now_us, ttl_us),
-        }
+        Self::holding(record, expires_at_ms(now_us, ttl_us), table)
     }
 
     /// Whether the bucket is alive at `now_ms`. Redis treats a key as expired once its
     /// expiry is strictly in the past.
-    pub(crate) fn is_alive(&self, now_ms: u64) -> bool {
-        self.holds_record() && now_ms <= self.expires_at_ms
+    pub(crate) fn is_alive(&self, table: &ParamsTable, now_ms: u64) -> bool {
+        match &self.slot {
+            Slot::Boxed(b) => now_ms <= b.expires_at_ms,
+            Slot::Compact(c) => {
+                if let Some((id, s)) = c.as_token_bucket() {
+                    let Algorithm::TokenBucket(p) = &table.get(id).params else {
+                        return false;
+                    };
+                    token_bucket_alive(p, s, now_ms)
+                } else if let Some((id, s)) = c.as_fixed_window() {
+                    let Algorithm::FixedWindow(p) = &table.get(id).params else {
+                        return false;
+                    };
+                    now_ms <= fixed_window_expiry(p, s)
+                } else {
+                    debug_assert!(c.code() != LENT, "a lent bucket is taken back first");
+                    false
+                }
+            }
+        }
+    }
+
+    /// The last millisecond the bucket is alive (0 for a missing one).
+    pub(crate) fn expires_at_ms(&self, table: &ParamsTable) -> u64 {
+        match &self.slot {
+            Slot::Boxed(b) => b.expires_at_ms,
+            Slot::Compact(c) => c.record(table).1,
+        }
     }
 
     /// The record held (whether alive or not).
     pub(crate) fn record(&self, table: &ParamsTable) -> Option<Record> {
-        self.slot.record(table)
+        match &self.slot {
+            Slot::Boxed(b) => b.record.clone(),
+            Slot::Compact(c) => c.record(table).0,
+        }
     }
 
     /// Applies `cost` at `now_us` in place. An expired bucket counts as missing and stays
@@ -208,38 +412,21 @@ impl Bucket {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         debug_assert!(!self.is_lent(), "a lent bucket is taken back before a call");
-        let was_alive = self.is_alive(now_us / 1000);
-        if !was_alive {
-            // Like Redis's lazy expiry: once seen expired, a bucket never comes back, even if
-            // the clock steps back before its expiry.
-            self.slot = Slot::Missing;
-        }
         if let Some(decision) = self.fast(table, policy, now_us, cost) {
             return Ok(decision);
         }
-        let runs_out = self.runs_out_at_expiry(table, policy);
-        let out = self.general(table, policy, now_us, cost)?;
-        match out.ttl_micros {
-            Some(ttl) => self.expires_at_ms = expires_at_ms(now_us, ttl),
-            None if !was_alive && !out.keep_expiry => self.slot = Slot::Missing,
-            None => {}
-        }
-        let mut decision = out.decision;
-        if runs_out {
-            algorithm::cap_at_expiry(&mut decision, now_us, self.expires_at_ms);
-        }
-        Ok(decision)
+        Ok(self.general(table, policy, now_us, cost)?)
     }
 
     /// [`algorithm::runs_out_at_expiry`] for this bucket's record (never for a compact one
     /// unless `policy` would start a deferral on it: compact records have none pending).
     fn runs_out_at_expiry(&self, table: &ParamsTable, policy: &Policy) -> bool {
         match &self.slot {
-            Slot::Missing | Slot::Lent => false,
-            Slot::Boxed(r) => algorithm::runs_out_at_expiry((**r).as_ref(), policy),
-            Slot::TokenBucket(..) | Slot::FixedWindow(..) => {
-                policy.transition() == tollgate_core::Transition::DeferUntilExpiry
-                    && algorithm::runs_out_at_expiry(self.slot.record(table).as_ref(), policy)
+            Slot::Boxed(b) => algorithm::runs_out_at_expiry(b.record.as_ref(), policy),
+            Slot::Compact(c) => {
+                c.code() < LENT
+                    && policy.transition() == tollgate_core::Transition::DeferUntilExpiry
+                    && algorithm::runs_out_at_expiry(c.record(table).0.as_ref(), policy)
             }
         }
     }
@@ -247,8 +434,8 @@ impl Bucket {
     /// Whether the bucket is lent to the store's slot table ([`crate::lent`]): its state is
     /// there, and must be taken back ([`Bucket::restore`]) before the bucket is read or changed.
     #[inline]
-    pub(crate) const fn is_lent(&self) -> bool {
-        matches!(self.slot, Slot::Lent)
+    pub(crate) fn is_lent(&self) -> bool {
+        matches!(self.slot, Slot::Compact(c) if c.code() == LENT)
     }
 
     /// Whether a compact token bucket was written less than [`HOT_US`] before `now_us` (or
@@ -256,45 +443,53 @@ impl Bucket {
     /// finds the bucket hot.
     #[inline]
     pub(crate) fn is_hot(&self, now_us: u64) -> bool {
-        matches!(self.slot, Slot::TokenBucket(_, s) if now_us < s.updated.saturating_add(HOT_US))
+        matches!(self.slot, Slot::Compact(c)
+            if c.as_token_bucket().is_some_and(|(_, s)| now_us < s.updated.saturating_add(HOT_US)))
     }
 
-    /// The bucket as [`Held`] when it is worth lending: a compact token bucket alive at
-    /// `now_us` that `hot` says is called often, or that holds less than `unit` (the caller's
-    /// units per token; 0 lends nothing) so that a call now is likely denied. For any other
-    /// bucket the locked path is as quick, and a slot taken by a bucket seldom called would
-    /// only keep it from a hot one.
+    /// The bucket as [`Held`] when it is worth lending and `may_take` (asked last) says its
+    /// slot would take it: a compact token bucket alive at `now_us` that `hot` says is called
+    /// often, or that holds less than `unit` (the caller's units per token; 0 lends nothing) so
+    /// that a call now is likely denied. For any other bucket the locked path is as quick, and
+    /// a slot taken by a bucket seldom called would only keep it from a hot one.
     #[inline]
-    pub(crate) fn lendable(&self, unit: u64, now_us: u64, hot: bool) -> Option<Held> {
-        self.held()
-            .filter(|p| unit > 0 && (hot || p.state.level < unit) && self.is_alive(now_us / 1000))
-    }
-
-    /// A compact token bucket as a slot holds it; `None` for any other bucket.
-    #[inline]
-    fn held(&self) -> Option<Held> {
-        match self.slot {
-            Slot::TokenBucket(id, state) => Some(Held {
-                id,
-                state,
-                expires_at_ms: self.expires_at_ms,
-            }),
-            _ => None,
+    pub(crate) fn lendable(
+        &self,
+        table: &ParamsTable,
+        unit: u64,
+        now_us: u64,
+        hot: bool,
+        may_take: impl FnOnce() -> bool,
+    ) -> Option<Held> {
+        let Slot::Compact(c) = self.slot else {
+            return None;
+        };
+        let (id, state) = c.as_token_bucket()?;
+        if unit == 0 || !(hot || state.level < unit) {
+            return None;
         }
+        let Algorithm::TokenBucket(p) = &table.get(id).params else {
+            return None;
+        };
+        (token_bucket_alive(p, state, now_us / 1000) && may_take()).then(|| Held {
+            id,
+            state,
+            expires_at_ms: token_bucket_expiry(p, state),
+        })
     }
 
     /// Marks the bucket lent (its state now held by its slot).
     pub(crate) fn mark_lent(&mut self) {
-        self.slot = Slot::Lent;
+        self.slot = Slot::Compact(Compact::LENT);
     }
 
     /// A bucket standing for what a slot holds for its key: `p`, or missing when the slot held
-    /// another key (the state expired there and was dropped).
+    /// another key (the state expired there and was dropped). A held state is always one a
+    /// compact bucket holds: its expiry is the one its record gives.
     pub(crate) fn of_held(p: Option<Held>) -> Self {
         match p {
             Some(p) => Self {
-                slot: Slot::TokenBucket(p.id, p.state),
-                expires_at_ms: p.expires_at_ms,
+                slot: Slot::Compact(Compact::token_bucket(p.id, p.state)),
             },
             None => Self::missing(),
         }
@@ -319,31 +514,34 @@ impl Bucket {
         now_us: u64,
         cost: u64,
     ) -> Option<(Decision, Option<Held>)> {
-        let mut copy = Self::of_held(Some(p));
-        if !copy.is_alive(now_us / 1000) {
+        if now_us / 1000 > p.expires_at_ms {
             return None;
         }
-        let d = copy.fast(table, policy, now_us, cost)?;
+        let mut state = p.state;
+        let (d, expiry) = decide_token_bucket(table.get(p.id), policy, now_us, cost, &mut state)?;
         // An admission on a bucket not written for `COLD_US`: the locked path decides it again
         // and keeps the bucket (a denial stays here: it writes nothing, so a bucket denied
         // without end is cold by its time however often it is called).
         if d.allowed && now_us > p.state.updated.saturating_add(COLD_US) {
             return None;
         }
-        let after = copy.held()?;
+        let after = Held {
+            id: p.id,
+            state,
+            expires_at_ms: expiry.unwrap_or(p.expires_at_ms),
+        };
         Some((d, (after != p).then_some(after)))
     }
 
-    /// [`algorithm::apply`] on the record, and the expiry it sets, for a compact bucket the
-    /// caller's policy decides as it is (a commit by a caller of the generation and parameters
-    /// that wrote it, or an older one), and for a missing token bucket; `None` elsewhere,
-    /// including for a cost above the stored limit (the general path reports it).
+    /// [`algorithm::apply`] on the record, and the expiry it sets, for a compact bucket the caller's policy decides as it is (a commit by a caller of the
+    /// generation and parameters that wrote it, or an older one) and that stays compact, and
+    /// for a missing or expired token bucket; `None` elsewhere, including for a cost above the
+    /// stored limit (the general path reports it), and then nothing is changed.
     ///
     /// Holds the core's rules for those cases: a record of the caller's kind, with no pending
     /// mark, is decided under its stored parameters unless the caller is newer (a higher
     /// generation, or the same with other parameters); a missing bucket starts full under the
     /// caller's. A state written gets the TTL the algorithm returns; none keeps its expiry.
-    /// A compact bucket here is alive (an expired one was made missing).
     #[inline]
     fn fast(
         &mut self,
@@ -355,60 +553,96 @@ impl Bucket {
         // `apply`'s callers have checked the cost against the caller's policy
         // (`Policy::check_cost`); against stored parameters it is checked below.
         debug_assert!(policy.check_cost(cost).is_ok());
+        let Slot::Compact(c) = &mut self.slot else {
+            return None;
+        };
         let caller = policy.algorithm();
         let g = policy.generation();
         let governs = |held: &Governing| {
             g < held.generation || (g == held.generation && held.params_match(caller))
         };
-        let out = match (&mut self.slot, &caller) {
-            (Slot::TokenBucket(id, s), Algorithm::TokenBucket(_)) => {
-                let held = table.get(*id);
+        match caller {
+            Algorithm::TokenBucket(_) => {
+                let Some((id, mut s)) = c.as_token_bucket() else {
+                    return if c.code() == MISSING {
+                        Self::fresh_token_bucket(c, table, policy, now, cost)
+                    } else {
+                        None
+                    };
+                };
+                let held = table.get(id);
                 let Algorithm::TokenBucket(p) = &held.params else {
                     return None;
                 };
-                if !governs(held) || cost > p.capacity {
-                    return None;
+                if !token_bucket_alive(p, s, now / 1000) {
+                    // Expired: a missing bucket (a clock stepping back later cannot bring it
+                    // back, as with Redis's lazy expiry).
+                    return Self::fresh_token_bucket(c, table, policy, now, cost);
                 }
-                token_bucket::apply_in_place(s, p, now, cost, true)
+                let (decision, written) = decide_token_bucket(held, policy, now, cost, &mut s)?;
+                if written.is_some() {
+                    *c = Compact::token_bucket(id, s);
+                }
+                Some(decision)
             }
-            (Slot::FixedWindow(id, s), Algorithm::FixedWindow(_)) => {
-                let held = table.get(*id);
+            Algorithm::FixedWindow(_) => {
+                let (id, s) = c.as_fixed_window()?;
+                let held = table.get(id);
                 let Algorithm::FixedWindow(p) = &held.params else {
                     return None;
                 };
-                if !governs(held) || cost > p.limit {
+                if now / 1000 > fixed_window_expiry(p, s) || !governs(held) || cost > p.limit {
                     return None;
                 }
-                let mut state = Some(*s);
+                let mut state = Some(s);
                 let out = fixed_window::apply(&mut state, p, now, cost, true);
-                if let Some(state) = state {
-                    *s = state;
-                }
-                out
-            }
-            (Slot::Missing, Algorithm::TokenBucket(_)) => {
-                let caller = caller.normalized();
-                let Algorithm::TokenBucket(p) = &caller else {
+                let Some(ttl) = out.ttl_micros else {
+                    return Some(out.decision);
+                };
+                let s = state?;
+                if fixed_window_expiry(p, s) != expires_at_ms(now, ttl) || s.window_start > MAX_TIME
+                {
                     return None;
-                };
-                let id = table.intern(g, &caller)?;
-                let mut s = TokenBucketState {
-                    level: p.capacity_units(),
-                    updated: now,
-                };
-                let out = token_bucket::apply_in_place(&mut s, p, now, cost, true);
-                self.slot = Slot::TokenBucket(id, s);
-                out
+                }
+                *c = Compact::fixed_window(id, s);
+                Some(out.decision)
             }
-            _ => return None,
-        };
-        if let Some(ttl) = out.ttl_micros {
-            self.expires_at_ms = expires_at_ms(now, ttl);
+            _ => None,
         }
+    }
+
+    /// The fast path's new token bucket (missing, or expired): full under the caller's
+    /// parameters, then decided; `None` (nothing changed) if it would not be compact.
+    #[inline]
+    fn fresh_token_bucket(
+        c: &mut Compact,
+        table: &ParamsTable,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        if now > MAX_TIME {
+            return None;
+        }
+        let caller = policy.algorithm().normalized();
+        let Algorithm::TokenBucket(p) = &caller else {
+            return None;
+        };
+        let id = table.intern(policy.generation(), &caller)?;
+        let mut s = TokenBucketState {
+            level: p.capacity_units(),
+            updated: now,
+        };
+        let out = token_bucket::apply_in_place(&mut s, p, now, cost, true);
+        // A full bucket admits any cost the policy accepts, and an admission writes (with the
+        // expiry the record gives: written at its own time).
+        out.ttl_micros?;
+        *c = Compact::token_bucket(id, s);
         Some(out.decision)
     }
 
-    /// [`algorithm::apply`] on the record, in its general form.
+    /// [`algorithm::apply`] on the record, in its general form, and the bucket rewritten in
+    /// the form its new record and expiry allow.
     #[cold]
     fn general(
         &mut self,
@@ -416,23 +650,53 @@ impl Bucket {
         policy: &Policy,
         now: u64,
         cost: u64,
-    ) -> Result<algorithm::Outcome, PolicyError> {
-        if let Slot::Boxed(record) = &mut self.slot {
-            let out = algorithm::apply(record, policy, now, cost, true)?;
-            // A transition may have left a record the compact form holds.
-            if out.wrote()
-                && let Some(slot) = (**record).as_ref().and_then(|r| Slot::compact(r, table))
-            {
-                self.slot = slot;
+    ) -> Result<Decision, PolicyError> {
+        let was_alive = self.is_alive(table, now / 1000);
+        let mut expiry = self.expires_at_ms(table);
+        if !was_alive {
+            // Like Redis's lazy expiry: once seen expired, a bucket never comes back, even if
+            // the clock steps back before its expiry.
+            *self = Self::missing();
+        }
+        let runs_out = self.runs_out_at_expiry(table, policy);
+        let out = match &mut self.slot {
+            Slot::Boxed(b) => {
+                let out = algorithm::apply(&mut b.record, policy, now, cost, true)?;
+                if let Some(ttl) = out.ttl_micros {
+                    b.expires_at_ms = expires_at_ms(now, ttl);
+                }
+                expiry = b.expires_at_ms;
+                // A transition may have left a record the compact form holds.
+                if out.wrote()
+                    && let Some(c) = b
+                        .record
+                        .as_ref()
+                        .and_then(|r| Compact::of(r, expiry, table))
+                {
+                    self.slot = Slot::Compact(c);
+                }
+                out
             }
-            return Ok(out);
+            Slot::Compact(c) => {
+                let (mut record, _) = c.record(table);
+                let out = algorithm::apply(&mut record, policy, now, cost, true)?;
+                match out.ttl_micros {
+                    Some(ttl) => {
+                        expiry = expires_at_ms(now, ttl);
+                        *self = Self::holding(record, expiry, table);
+                    }
+                    None if !was_alive && !out.keep_expiry => {}
+                    None if out.keep_expiry => *self = Self::holding(record, expiry, table),
+                    None => {}
+                }
+                out
+            }
+        };
+        let mut decision = out.decision;
+        if runs_out {
+            algorithm::cap_at_expiry(&mut decision, now, expiry);
         }
-        let mut record = self.slot.record(table);
-        let out = algorithm::apply(&mut record, policy, now, cost, true)?;
-        if out.wrote() {
-            self.slot = Slot::of(record, table);
-        }
-        Ok(out)
+        Ok(decision)
     }
 }
 
@@ -461,9 +725,11 @@ pub(crate) mod tests {
     #[test]
     fn alive_through_the_expiry_millisecond_then_missing() {
         let table = ParamsTable::new();
+        let policy = policy_for_test();
+        // An expiry the record does not give (an empty bucket refills in 2 s): boxed with it.
         let state = Record {
             generation: 0,
-            params: *policy_for_test().algorithm(),
+            params: *policy.algorithm(),
             pending: None,
             state: State::TokenBucket(TokenBucketState {
                 level: 0,
@@ -471,30 +737,41 @@ pub(crate) mod tests {
             }),
         };
         let b = Bucket::new(Some(state.clone()), &table, 1_000_000, 1_500);
-        assert!(matches!(b.slot, Slot::TokenBucket(0, _)));
+        assert!(matches!(b.slot, Slot::Boxed(_)));
         assert_eq!(b.record(&table), Some(state));
-        assert_eq!(b.expires_at_ms, 1_001);
-        assert!(b.is_alive(1_001));
-        assert!(!b.is_alive(1_002));
+        assert_eq!(b.expires_at_ms(&table), 1_001);
+        assert!(b.is_alive(&table, 1_001));
+        assert!(!b.is_alive(&table, 1_002));
+        // A record as the core writes it, with the TTL it returns: compact, the same expiry.
+        for (at, cost) in [(1_000_000, 1), (1_000_999, 2), (1_000_100, 1)] {
+            let mut record = None;
+            let out = algorithm::apply(&mut record, &policy, at, cost, true).unwrap();
+            let expiry = expires_at_ms(at, out.ttl_micros.unwrap());
+            let b = Bucket::new(record.clone(), &table, at, out.ttl_micros.unwrap());
+            assert!(matches!(b.slot, Slot::Compact(_)), "{at} {cost}");
+            assert_eq!(b.record(&table), record);
+            assert_eq!(b.expires_at_ms(&table), expiry);
+            assert!(b.is_alive(&table, expiry));
+            assert!(!b.is_alive(&table, expiry + 1));
+        }
     }
 
     #[test]
     fn an_expired_bucket_counts_as_missing() {
         let table = ParamsTable::new();
         let policy = Policy::token_bucket(2, Rate::per_second(1)).unwrap();
-        let mut b = Bucket {
-            slot: Slot::Missing,
-            expires_at_ms: 0,
-        };
+        let mut b = Bucket::missing();
         assert!(b.apply(&table, &policy, 0, 2).unwrap().allowed);
-        assert_eq!(b.expires_at_ms, 2_000);
+        assert_eq!(b.expires_at_ms(&table), 2_000);
         assert!(!b.apply(&table, &policy, 500_000, 2).unwrap().allowed);
         // the same empty state, expired, is a full bucket
-        b.expires_at_ms = 499;
+        let empty = b.record(&table);
+        let mut b = Bucket::new(empty, &table, 0, 499_000);
+        assert_eq!(b.expires_at_ms(&table), 499);
         let d = b.apply(&table, &policy, 500_000, 2).unwrap();
         assert!(d.allowed);
         assert_eq!(d.reset_after, Duration::from_secs(2));
-        assert_eq!(b.expires_at_ms, 2_500);
+        assert_eq!(b.expires_at_ms(&table), 2_500);
     }
 
     #[test]
@@ -505,8 +782,11 @@ pub(crate) mod tests {
         let sl = Policy::sliding_log(3, Duration::from_secs(1)).unwrap();
         for (policy, boxed) in [(&tb, false), (&fw, false), (&sl, true)] {
             let mut record = None;
-            algorithm::apply(&mut record, policy, 1_000, 1, true).unwrap();
-            let b = Bucket::new(record.clone(), &table, 1_000, 1);
+            let ttl = algorithm::apply(&mut record, policy, 1_000, 1, true)
+                .unwrap()
+                .ttl_micros
+                .unwrap();
+            let b = Bucket::new(record.clone(), &table, 1_000, ttl);
             assert_eq!(matches!(b.slot, Slot::Boxed(_)), boxed, "{policy}");
             assert_eq!(b.record(&table), record);
         }
@@ -528,10 +808,7 @@ pub(crate) mod tests {
         let table = ParamsTable::new();
         for capacity in 1..=INTERNED as u64 + 3 {
             let policy = Policy::token_bucket(capacity, Rate::per_second(1)).unwrap();
-            let mut b = Bucket {
-                slot: Slot::Missing,
-                expires_at_ms: 0,
-            };
+            let mut b = Bucket::missing();
             assert!(b.apply(&table, &policy, 0, 1).unwrap().allowed);
             assert_eq!(
                 matches!(b.slot, Slot::Boxed(_)),
@@ -640,10 +917,7 @@ pub(crate) mod tests {
                 let same = Policy::token_bucket(3, Rate::new(2, Duration::from_secs(2))).unwrap();
                 policies.push(same.with_generation(rng.below(3)));
             }
-            let mut bucket = Bucket {
-                slot: Slot::Missing,
-                expires_at_ms: 0,
-            };
+            let mut bucket = Bucket::missing();
             let (mut plain, mut plain_expiry): (Option<Record>, u64) = (None, 0);
             let mut now = 1_700_000_000_000_000 + rng.below(1 << 30);
             if seed % 7 == 0 {
@@ -661,7 +935,7 @@ pub(crate) mod tests {
                 };
                 assert_ne!(record.params, record.params.normalized());
                 bucket = Bucket::new(Some(record.clone()), &table, now, 10_000_000);
-                (plain, plain_expiry) = (Some(record), bucket.expires_at_ms);
+                (plain, plain_expiry) = (Some(record), bucket.expires_at_ms(&table));
             }
             for step in 0..200 {
                 let policy = &policies[rng.below(policies.len() as u64) as usize];
@@ -684,18 +958,66 @@ pub(crate) mod tests {
                 assert_eq!(got, want, "{at}");
                 assert_eq!(bucket.record(&table), plain, "{at}");
                 if plain.is_some() {
-                    assert_eq!(bucket.expires_at_ms, plain_expiry, "{at}");
+                    assert_eq!(bucket.expires_at_ms(&table), plain_expiry, "{at}");
                 }
             }
         }
     }
 
+    /// The division-free aliveness test agrees with the expiry, at and around every edge: the
+    /// expiry's millisecond, the write's millisecond plus one, the first millisecond past the
+    /// write's 1,000 µs floor.
+    #[test]
+    fn a_token_bucket_is_alive_exactly_through_its_expiry() {
+        let mut rng = Rng(0x5EED_1234_ABCD_0001);
+        let mut checked = 0;
+        for _ in 0..20_000 {
+            let policy = loop {
+                let p = random_policy(&mut rng);
+                if matches!(p.algorithm(), Algorithm::TokenBucket(_)) {
+                    break p;
+                }
+            };
+            let Algorithm::TokenBucket(p) = *policy.algorithm() else {
+                unreachable!()
+            };
+            let cap = p.capacity_units();
+            // levels near full (a refill under 1 ms) as often as any
+            let level = match rng.below(3) {
+                0 => cap - rng.below(cap.min(3 * p.rate) + 1),
+                1 => cap,
+                _ => rng.below(cap + 1),
+            };
+            let s = TokenBucketState {
+                level,
+                updated: 1_700_000_000_000_000 + rng.below(1 << 20),
+            };
+            let expiry = token_bucket_expiry(&p, s);
+            let first = s.updated / 1000;
+            for now_ms in [
+                expiry - 1,
+                expiry,
+                expiry + 1,
+                first,
+                first + 1,
+                first + 2,
+                (s.updated + 1000) / 1000,
+                (s.updated + 1000) / 1000 + 1,
+                first + rng.below(5_000),
+            ] {
+                assert_eq!(
+                    token_bucket_alive(&p, s, now_ms),
+                    now_ms <= expiry,
+                    "{policy} {s:?} at {now_ms} ms, expiry {expiry}"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 180_000);
+    }
+
     #[test]
     fn a_compact_bucket_is_small() {
-        assert!(
-            std::mem::size_of::<Bucket>() <= 32,
-            "{}",
-            std::mem::size_of::<Bucket>()
-        );
+        assert_eq!(std::mem::size_of::<Bucket>(), 16);
     }
 }

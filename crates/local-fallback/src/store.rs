@@ -102,6 +102,7 @@ fn token_unit(policy: &Policy) -> u64 {
 /// when dropped if it is worth it ([`Bucket::lendable`]), before the lock goes.
 struct Lending<'a> {
     lent: &'a LentTable,
+    params: &'a ParamsTable,
     bucket: &'a mut Bucket,
     /// By reference: copied, the key costs a store-forwarding stall per call.
     slot_key: &'a SlotKey<'a>,
@@ -118,6 +119,7 @@ impl Drop for Lending<'_> {
     fn drop(&mut self) {
         lend_if_worth(
             self.lent,
+            self.params,
             self.bucket,
             *self.slot_key,
             self.unit,
@@ -134,15 +136,16 @@ impl Drop for Lending<'_> {
 #[inline(always)]
 fn lend_if_worth(
     lent: &LentTable,
+    params: &ParamsTable,
     bucket: &mut Bucket,
     slot_key: SlotKey<'_>,
     unit: u64,
     now: u64,
     hot: bool,
 ) {
-    if let Some(p) = bucket.lendable(unit, now, hot)
-        && lent.may_take(slot_key, now / 1000)
-        && lent.lend(slot_key, &p, now / 1000)
+    if let Some(p) = bucket.lendable(params, unit, now, hot, || {
+        lent.may_take(slot_key, now / 1000)
+    }) && lent.lend(slot_key, &p, now / 1000)
     {
         bucket.mark_lent();
     }
@@ -312,6 +315,7 @@ impl<C: Clock> LocalStore<C> {
         // (half of this function's time over 1,000 keys, perf).
         let lending = Lending {
             lent: &self.lent,
+            params: &self.params,
             hot: bucket.is_hot(now),
             bucket,
             slot_key: &slot_key,
@@ -357,7 +361,15 @@ impl<C: Clock> LocalStore<C> {
                     }
                     if self.reserve_slot() {
                         if let Some(slot_key) = slot_key {
-                            lend_if_worth(&self.lent, &mut bucket, slot_key, unit, now, false);
+                            lend_if_worth(
+                                &self.lent,
+                                &self.params,
+                                &mut bucket,
+                                slot_key,
+                                unit,
+                                now,
+                                false,
+                            );
                         }
                         drop(vacant.insert(bucket));
                         self.after_insert(now);
@@ -391,13 +403,17 @@ impl<C: Clock> LocalStore<C> {
                 } else {
                     &*held
                 };
-                if bucket.is_alive(now / 1000) {
+                if bucket.is_alive(&self.params, now / 1000) {
                     let mut state = bucket.record(&self.params);
                     let runs_out = algorithm::runs_out_at_expiry(state.as_ref(), policy);
                     let mut decision =
                         algorithm::apply(&mut state, policy, now, cost, false)?.decision;
                     if runs_out {
-                        algorithm::cap_at_expiry(&mut decision, now, bucket.expires_at_ms);
+                        algorithm::cap_at_expiry(
+                            &mut decision,
+                            now,
+                            bucket.expires_at_ms(&self.params),
+                        );
                     }
                     return Ok(decision);
                 }
@@ -484,7 +500,7 @@ impl<C: Clock> LocalStore<C> {
             .map
             .remove_if_mut(key, |k, b| {
                 self.settle(k, b);
-                !b.is_alive(now_us / 1000)
+                !b.is_alive(&self.params, now_us / 1000)
             })
             .is_some()
         {
@@ -577,7 +593,7 @@ impl<C: Clock> LocalStore<C> {
         let mut removed = 0;
         self.map.retain(|k, b| {
             self.settle(k, b);
-            let alive = b.is_alive(now_ms);
+            let alive = b.is_alive(&self.params, now_ms);
             removed += usize::from(!alive);
             alive
         });
