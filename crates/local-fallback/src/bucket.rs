@@ -97,7 +97,10 @@ impl ParamsTable {
 
 /// The last millisecond a token bucket holding `s` is alive when `s` was written at
 /// `s.updated` (the clock not behind the bucket): the `PXAT` of a write with the TTL the core
-/// returns then, the time the bucket takes to be full again (at least 1 µs).
+/// returns then, the time the bucket takes to be full again (at least 1 µs). Never inlined:
+/// off the hot paths (a lend, a write with the clock behind the bucket), and inlined it makes
+/// a lent bucket's decision too large to be inlined where it is called.
+#[inline(never)]
 fn token_bucket_expiry(p: &TokenBucket, s: TokenBucketState) -> u64 {
     let refill = p.capacity_units().saturating_sub(s.level).div_ceil(p.rate);
     expires_at_ms(s.updated, refill.max(1))
@@ -277,10 +280,10 @@ enum Slot {
 
 /// The fast path's decision on an alive token bucket holding `s`, written under `held`: what
 /// [`algorithm::apply`] decides when `policy` lets the stored parameters govern as they are and
-/// the cost fits them, with `s` then the state written and the expiry it gets (`None` when
-/// nothing is written); `None` elsewhere, or when the state written would not be compact (the
-/// clock behind the bucket leaving an expiry the record does not give, a time past
-/// [`MAX_TIME`]), and then `s` is unchanged.
+/// the cost fits them, with `s` and `expiry` then the state written and the expiry it gets
+/// (both unchanged when nothing is written); `None` elsewhere, or when the state written would
+/// not be compact (the clock behind the bucket leaving an expiry the record does not give, a
+/// time past [`MAX_TIME`]), and then nothing is changed.
 #[allow(clippy::inline_always)] // on every call of a hot key, lent or not
 #[inline(always)]
 fn decide_token_bucket(
@@ -289,7 +292,8 @@ fn decide_token_bucket(
     now: u64,
     cost: u64,
     s: &mut TokenBucketState,
-) -> Option<(Decision, Option<u64>)> {
+    expiry: &mut u64,
+) -> Option<Decision> {
     let Algorithm::TokenBucket(p) = &held.params else {
         return None;
     };
@@ -301,17 +305,18 @@ fn decide_token_bucket(
     }
     let mut next = *s;
     let out = token_bucket::apply_in_place(&mut next, p, now, cost, true);
-    let Some(ttl) = out.ttl_micros else {
-        return Some((out.decision, None));
-    };
-    let expiry = expires_at_ms(now, ttl);
-    // Written with the clock behind the bucket, the expiry may not be the one the record
-    // gives, and past `MAX_TIME` the time does not fit: the general path boxes such a record.
-    if next.updated > MAX_TIME || (now < s.updated && token_bucket_expiry(p, next) != expiry) {
-        return None;
+    if let Some(ttl) = out.ttl_micros {
+        let written = expires_at_ms(now, ttl);
+        // Written with the clock behind the bucket, the expiry may not be the one the record
+        // gives, and past `MAX_TIME` the time does not fit: the general path boxes such a
+        // record.
+        if next.updated > MAX_TIME || (now < s.updated && token_bucket_expiry(p, next) != written) {
+            return None;
+        }
+        *s = next;
+        *expiry = written;
     }
-    *s = next;
-    Some((out.decision, Some(expiry)))
+    Some(out.decision)
 }
 
 /// A bucket's record and the instant it expires, in 16 bytes.
@@ -506,7 +511,8 @@ impl Bucket {
     /// nothing); `None` for a bucket the locked path must decide on (expired, or not decided
     /// as it is: see [`Bucket::fast`]) or that should go back to it (cold: [`COLD_US`]).
     /// Decides on a copy, by the same code.
-    #[inline]
+    #[allow(clippy::inline_always)] // into the slot table's first attempt, on every hot call
+    #[inline(always)]
     pub(crate) fn decide_on(
         p: Held,
         table: &ParamsTable,
@@ -517,8 +523,15 @@ impl Bucket {
         if now_us / 1000 > p.expires_at_ms {
             return None;
         }
-        let mut state = p.state;
-        let (d, expiry) = decide_token_bucket(table.get(p.id), policy, now_us, cost, &mut state)?;
+        let (mut state, mut expiry) = (p.state, p.expires_at_ms);
+        let d = decide_token_bucket(
+            table.get(p.id),
+            policy,
+            now_us,
+            cost,
+            &mut state,
+            &mut expiry,
+        )?;
         // An admission on a bucket not written for `COLD_US`: the locked path decides it again
         // and keeps the bucket (a denial stays here: it writes nothing, so a bucket denied
         // without end is cold by its time however often it is called).
@@ -528,7 +541,7 @@ impl Bucket {
         let after = Held {
             id: p.id,
             state,
-            expires_at_ms: expiry.unwrap_or(p.expires_at_ms),
+            expires_at_ms: expiry,
         };
         Some((d, (after != p).then_some(after)))
     }
@@ -579,10 +592,9 @@ impl Bucket {
                     // back, as with Redis's lazy expiry).
                     return Self::fresh_token_bucket(c, table, policy, now, cost);
                 }
-                let (decision, written) = decide_token_bucket(held, policy, now, cost, &mut s)?;
-                if written.is_some() {
-                    *c = Compact::token_bucket(id, s);
-                }
+                let mut expiry = 0;
+                let decision = decide_token_bucket(held, policy, now, cost, &mut s, &mut expiry)?;
+                *c = Compact::token_bucket(id, s);
                 Some(decision)
             }
             Algorithm::FixedWindow(_) => {

@@ -70,6 +70,22 @@ pub(crate) struct Held {
     pub(crate) expires_at_ms: u64,
 }
 
+/// A decision on a lent state ([`LentTable::decide`]): the decision and, if it writes, the
+/// state to store; `None` for a state the locked path must decide on. Any such closure is one;
+/// the store's own ([`crate::store`]) is a type whose method is always inlined, where a closure
+/// may be left out of line (a call that passes the state and the decision through memory).
+pub(crate) trait DecideLent<D> {
+    /// The decision on `p`.
+    fn decide_lent(&self, p: Held) -> Option<(D, Option<Held>)>;
+}
+
+impl<D, F: Fn(Held) -> Option<(D, Option<Held>)>> DecideLent<D> for F {
+    #[inline]
+    fn decide_lent(&self, p: Held) -> Option<(D, Option<Held>)> {
+        self(p)
+    }
+}
+
 /// One slot, on lines of its own: an even `seq` when stable, odd while claimed.
 #[repr(align(128))]
 #[derive(Default)]
@@ -353,15 +369,11 @@ impl LentTable {
     /// prepared every attempt's addresses and operands before the first one, ~45 instructions
     /// on every call, most of which find the slot holding another key (callgrind).
     #[inline]
-    pub(crate) fn decide<D>(
-        &self,
-        key: SlotKey<'_>,
-        decide: impl Fn(Held) -> Option<(D, Option<Held>)>,
-    ) -> Option<D> {
-        match self.attempt(key, &decide) {
+    pub(crate) fn decide<D>(&self, key: SlotKey<'_>, decide: &impl DecideLent<D>) -> Option<D> {
+        match self.attempt(key, decide) {
             Attempt::Decided(d) => Some(d),
             Attempt::Declined => None,
-            Attempt::Raced => self.decide_again(key, &decide),
+            Attempt::Raced => self.decide_again(key, decide),
         }
     }
 
@@ -371,11 +383,7 @@ impl LentTable {
     /// instead of each reading, deciding and losing the claim to the other again.
     #[cold]
     #[inline(never)]
-    fn decide_again<D>(
-        &self,
-        key: SlotKey<'_>,
-        decide: &impl Fn(Held) -> Option<(D, Option<Held>)>,
-    ) -> Option<D> {
+    fn decide_again<D>(&self, key: SlotKey<'_>, decide: &impl DecideLent<D>) -> Option<D> {
         let s = self.slot(key);
         for _ in 1..ATTEMPTS {
             let Some(seq) = s.try_claim() else {
@@ -385,7 +393,7 @@ impl LentTable {
             let meta = s.meta.load(Ordering::Relaxed);
             let decided = s
                 .holds(meta, key.bytes)
-                .then(|| decide(s.state(meta)))
+                .then(|| decide.decide_lent(s.state(meta)))
                 .flatten();
             return match decided {
                 Some((d, Some(p))) => {
@@ -405,11 +413,7 @@ impl LentTable {
     /// One attempt of [`LentTable::decide`].
     #[allow(clippy::inline_always)] // see `decide`
     #[inline(always)]
-    fn attempt<D>(
-        &self,
-        key: SlotKey<'_>,
-        decide: &impl Fn(Held) -> Option<(D, Option<Held>)>,
-    ) -> Attempt<D> {
+    fn attempt<D>(&self, key: SlotKey<'_>, decide: &impl DecideLent<D>) -> Attempt<D> {
         #[allow(clippy::cast_possible_truncation)] // the tag byte
         if self.tags[key.slot].load(Ordering::Relaxed) as u8 != key.tag {
             return Attempt::Declined;
@@ -423,7 +427,7 @@ impl LentTable {
         if !s.holds(meta, key.bytes) {
             return Attempt::Declined;
         }
-        let Some((d, write)) = decide(s.state(meta)) else {
+        let Some((d, write)) = decide.decide_lent(s.state(meta)) else {
             return Attempt::Declined;
         };
         match write {
@@ -624,21 +628,31 @@ mod tests {
         let table = LentTable::new();
         let p = held(2, 4, 9, 50);
         let k = SlotKey::new(b"k").unwrap();
-        assert_eq!(table.decide(k, |_| Some(((), None))), None, "empty slot");
+        assert_eq!(
+            table.decide(k, &|_: Held| Some(((), None))),
+            None,
+            "empty slot"
+        );
         table.lend(k, &p, 0);
         let seq = table.slot(k).seq.load(Ordering::Relaxed);
-        assert_eq!(table.decide(k, |q| Some((q.state.level, None))), Some(4));
+        assert_eq!(
+            table.decide(k, &|q: Held| Some((q.state.level, None))),
+            Some(4)
+        );
         assert_eq!(table.slot(k).seq.load(Ordering::Relaxed), seq, "no write");
         let q = held(2, 3, 10, 51);
-        assert_eq!(table.decide(k, |_| Some(("took", Some(q)))), Some("took"));
+        assert_eq!(
+            table.decide(k, &|_: Held| Some(("took", Some(q)))),
+            Some("took")
+        );
         assert_eq!(table.read(k), Some(q));
-        assert_eq!(table.decide(k, |_| None::<((), _)>), None);
+        assert_eq!(table.decide(k, &|_: Held| None::<((), _)>), None);
         let other = SlotKey {
             slot: k.slot,
             tag: k.tag,
             ..SlotKey::new(b"j").unwrap()
         };
-        assert_eq!(table.decide(other, |_| Some(((), None))), None);
+        assert_eq!(table.decide(other, &|_: Held| Some(((), None))), None);
         // the tag: set by a lend, cleared by a take-back; a key whose tag differs declines
         // before its slot is read, even a key the slot holds (a stale tag costs a locked call)
         assert_eq!(
@@ -650,14 +664,14 @@ mod tests {
             tag: k.tag ^ 2,
             ..k
         };
-        assert_eq!(table.decide(other_tag, |_| Some(((), None))), None);
-        assert_eq!(table.decide(k, |_| Some(((), None))), Some(()));
+        assert_eq!(table.decide(other_tag, &|_: Held| Some(((), None))), None);
+        assert_eq!(table.decide(k, &|_: Held| Some(((), None))), Some(()));
         assert_eq!(table.take_back(k), Some(q));
         assert_eq!(table.tags[k.slot].load(Ordering::Relaxed), 0);
         assert!(table.lend(k, &q, 0));
         // a writer that claims between the read and the claim: the first attempt loses
         let tries = AtomicUsize::new(0);
-        let got = table.decide(k, |r| {
+        let got = table.decide(k, &|r: Held| {
             if tries.fetch_add(1, Ordering::Relaxed) == 0 {
                 let s = table.slot(k);
                 let seq = s.claim();
@@ -672,7 +686,7 @@ mod tests {
         let s = table.slot(k);
         let raced = |write| {
             let first = AtomicUsize::new(0);
-            table.decide(k, |r| {
+            table.decide(k, &|r: Held| {
                 if first.fetch_add(1, Ordering::Relaxed) == 0 {
                     let seq = s.claim();
                     s.release(seq);
@@ -692,7 +706,7 @@ mod tests {
         assert_eq!(table.read(k), Some(q));
         // a slot claimed throughout: the call gives up and the locked path decides
         let seq = s.claim();
-        assert_eq!(table.decide(k, |_| Some(((), None))), None);
+        assert_eq!(table.decide(k, &|_: Held| Some(((), None))), None);
         s.release(seq);
     }
 
