@@ -510,7 +510,8 @@ impl Bucket {
     /// and the state it would then hold if that changed (`None` when the decision writes
     /// nothing); `None` for a bucket the locked path must decide on (expired, or not decided
     /// as it is: see [`Bucket::fast`]) or that should go back to it (cold: [`COLD_US`]).
-    /// Decides on a copy, by the same code.
+    /// Decides on a copy of the state, by the code the locked path runs
+    /// ([`decide_token_bucket`]).
     #[allow(clippy::inline_always)] // into the slot table's first attempt, on every hot call
     #[inline(always)]
     pub(crate) fn decide_on(
@@ -546,10 +547,11 @@ impl Bucket {
         Some((d, (after != p).then_some(after)))
     }
 
-    /// [`algorithm::apply`] on the record, and the expiry it sets, for a compact bucket the caller's policy decides as it is (a commit by a caller of the
-    /// generation and parameters that wrote it, or an older one) and that stays compact, and
-    /// for a missing or expired token bucket; `None` elsewhere, including for a cost above the
-    /// stored limit (the general path reports it), and then nothing is changed.
+    /// [`algorithm::apply`] on the record, and the expiry it sets, for a compact bucket the
+    /// caller's policy decides as it is (a commit by a caller of the generation and parameters
+    /// that wrote it, or an older one) and that stays compact, and for a missing or expired
+    /// token bucket; `None` elsewhere, including for a cost above the stored limit (the
+    /// general path reports it), and then nothing is changed.
     ///
     /// Holds the core's rules for those cases: a record of the caller's kind, with no pending
     /// mark, is decided under its stored parameters unless the caller is newer (a higher
