@@ -57,6 +57,16 @@ impl Governing {
             (held, caller) => *held == caller.normalized(),
         }
     }
+
+    /// Whether this entry's parameters decide a call under `policy` as they are: the caller
+    /// is older, or of the same generation and parameters (a newer caller goes to the general
+    /// path, which applies the policy's transition).
+    #[allow(clippy::inline_always)] // on every call
+    #[inline(always)]
+    fn governs(&self, policy: &Policy) -> bool {
+        let g = policy.generation();
+        g < self.generation || (g == self.generation && self.params_match(policy.algorithm()))
+    }
 }
 
 /// The (generation, parameters) pairs of a store's compact buckets, each written once and then
@@ -297,10 +307,7 @@ fn decide_token_bucket(
     let Algorithm::TokenBucket(p) = &held.params else {
         return None;
     };
-    let g = policy.generation();
-    let governs =
-        g < held.generation || (g == held.generation && held.params_match(policy.algorithm()));
-    if !governs || cost > p.capacity {
+    if !held.governs(policy) || cost > p.capacity {
         return None;
     }
     let mut next = *s;
@@ -571,12 +578,7 @@ impl Bucket {
         let Slot::Compact(c) = &mut self.slot else {
             return None;
         };
-        let caller = policy.algorithm();
-        let g = policy.generation();
-        let governs = |held: &Governing| {
-            g < held.generation || (g == held.generation && held.params_match(caller))
-        };
-        match caller {
+        match policy.algorithm() {
             Algorithm::TokenBucket(_) => {
                 let Some((id, mut s)) = c.as_token_bucket() else {
                     return if c.code() == MISSING {
@@ -605,7 +607,8 @@ impl Bucket {
                 let Algorithm::FixedWindow(p) = &held.params else {
                     return None;
                 };
-                if now / 1000 > fixed_window_expiry(p, s) || !governs(held) || cost > p.limit {
+                if now / 1000 > fixed_window_expiry(p, s) || !held.governs(policy) || cost > p.limit
+                {
                     return None;
                 }
                 let mut state = Some(s);
@@ -665,8 +668,13 @@ impl Bucket {
         now: u64,
         cost: u64,
     ) -> Result<Decision, PolicyError> {
-        let was_alive = self.is_alive(table, now / 1000);
-        let mut expiry = self.expires_at_ms(table);
+        // The compact record and the expiry, read once: alive is a held record whose expiry is
+        // not past (what `is_alive` tells without building the record).
+        let (compact, mut expiry) = match &self.slot {
+            Slot::Boxed(b) => (None, b.expires_at_ms),
+            Slot::Compact(c) => c.record(table),
+        };
+        let was_alive = self.holds_record() && now / 1000 <= expiry;
         if !was_alive {
             // Like Redis's lazy expiry: once seen expired, a bucket never comes back, even if
             // the clock steps back before its expiry.
@@ -691,8 +699,8 @@ impl Bucket {
                 }
                 out
             }
-            Slot::Compact(c) => {
-                let (mut record, _) = c.record(table);
+            Slot::Compact(_) => {
+                let mut record = if was_alive { compact } else { None };
                 let out = algorithm::apply(&mut record, policy, now, cost, true)?;
                 match out.ttl_micros {
                     Some(ttl) => {
