@@ -801,6 +801,49 @@ async fn local_buckets_last_across_outages_until_a_reset() {
     assert_eq!(spend_share().await, 2, "a full local share after the reset");
 }
 
+/// A store that runs `hook` before each `acquire` and fails the call with the error it returns,
+/// if any; everything else is `inner`'s.
+struct BeforeAcquire<S, F> {
+    inner: S,
+    hook: F,
+}
+
+#[async_trait::async_trait]
+impl<S, F> tollgate::Store for BeforeAcquire<S, F>
+where
+    S: tollgate::Store,
+    F: Fn() -> Option<tollgate::StoreError> + Send + Sync,
+{
+    async fn acquire(
+        &self,
+        key: &tollgate::Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<tollgate::Decision, tollgate::StoreError> {
+        if let Some(e) = (self.hook)() {
+            return Err(e);
+        }
+        self.inner.acquire(key, policy, cost).await
+    }
+
+    async fn peek(
+        &self,
+        key: &tollgate::Key,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<tollgate::Decision, tollgate::StoreError> {
+        self.inner.peek(key, policy, cost).await
+    }
+
+    async fn reset(
+        &self,
+        key: &tollgate::Key,
+        policy: &Policy,
+    ) -> Result<(), tollgate::StoreError> {
+        self.inner.reset(key, policy).await
+    }
+}
+
 /// `BreakerConfig::failure_threshold` is "Consecutive unavailable/busy results that open the
 /// breaker": a store that answers between its failures (a flaky network dropping one call in
 /// two) never reaches the threshold, however many failures it adds up over time.
@@ -810,56 +853,29 @@ mod consecutive_failures {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
-    use async_trait::async_trait;
     use tollgate::{
-        BreakerConfig, BreakerState, Decision, Enforcement, FailureMode, Key, Limiter, LocalStore,
-        Policy, Rate, Store, StoreError,
+        BreakerConfig, BreakerState, Enforcement, FailureMode, Limiter, LocalStore, Policy, Rate,
+        StoreError,
     };
 
-    /// A `LocalStore` that fails every other call as unavailable.
-    struct Flaky {
-        inner: LocalStore,
-        calls: AtomicU64,
-    }
-
-    #[async_trait]
-    impl Store for Flaky {
-        async fn acquire(
-            &self,
-            key: &Key,
-            policy: &Policy,
-            cost: u64,
-        ) -> Result<Decision, StoreError> {
-            if self.calls.fetch_add(1, Ordering::Relaxed) % 2 == 1 {
-                return Err(StoreError::Unavailable {
-                    message: "dropped".into(),
-                    source: None,
-                });
-            }
-            self.inner.acquire(key, policy, cost).await
-        }
-
-        async fn peek(
-            &self,
-            key: &Key,
-            policy: &Policy,
-            cost: u64,
-        ) -> Result<Decision, StoreError> {
-            self.inner.peek(key, policy, cost).await
-        }
-
-        async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-            self.inner.reset(key, policy).await
-        }
-    }
+    use super::BeforeAcquire;
 
     #[tokio::test]
     async fn failures_separated_by_answers_never_open_the_breaker() {
+        let calls = AtomicU64::new(0);
         let policy = Policy::token_bucket(1_000, Rate::new(1, Duration::from_secs(3600))).unwrap();
         let limiter = Limiter::builder("flaky", policy)
-            .store(Arc::new(Flaky {
+            // fails every other call as unavailable
+            .store(Arc::new(BeforeAcquire {
                 inner: LocalStore::new(),
-                calls: AtomicU64::new(0),
+                hook: move || {
+                    (calls.fetch_add(1, Ordering::Relaxed) % 2 == 1).then(|| {
+                        StoreError::Unavailable {
+                            message: "dropped".into(),
+                            source: None,
+                        }
+                    })
+                },
             }))
             .failure_mode(FailureMode::Open)
             .breaker(BreakerConfig {
@@ -891,45 +907,12 @@ mod policy_in_flight {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use async_trait::async_trait;
     use tokio::sync::Notify;
     use tollgate::redis::RedisStore;
-    use tollgate::{
-        Decision, Enforcement, FailureMode, Key, Limiter, Policy, Rate, Store, StoreError,
-    };
+    use tollgate::{Decision, Enforcement, FailureMode, Limiter, Policy, Rate};
     use tollgate_testkit::server::RedisServer;
 
-    /// The real Redis store, telling the test when a call has reached it.
-    struct Entered {
-        redis: RedisStore,
-        entered: Arc<Notify>,
-    }
-
-    #[async_trait]
-    impl Store for Entered {
-        async fn acquire(
-            &self,
-            key: &Key,
-            policy: &Policy,
-            cost: u64,
-        ) -> Result<Decision, StoreError> {
-            self.entered.notify_one();
-            self.redis.acquire(key, policy, cost).await
-        }
-
-        async fn peek(
-            &self,
-            key: &Key,
-            policy: &Policy,
-            cost: u64,
-        ) -> Result<Decision, StoreError> {
-            self.redis.peek(key, policy, cost).await
-        }
-
-        async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
-            self.redis.reset(key, policy).await
-        }
-    }
+    use super::BeforeAcquire;
 
     /// Starts a call of cost 50 under a limit of 100 against a paused server, switches the
     /// policy to a limit of 10 while it waits, and returns what the failure mode answered; as a
@@ -944,9 +927,16 @@ mod policy_in_flight {
         let entered = Arc::new(Notify::new());
         let old = Policy::token_bucket(100, Rate::new(1, Duration::from_secs(3600))).unwrap();
         let limiter = Limiter::builder("inflight", old)
-            .store(Arc::new(Entered {
-                redis,
-                entered: entered.clone(),
+            // the real Redis store, telling the test when a call has reached it
+            .store(Arc::new(BeforeAcquire {
+                inner: redis,
+                hook: {
+                    let entered = entered.clone();
+                    move || {
+                        entered.notify_one();
+                        None
+                    }
+                },
             }))
             .failure_mode(mode)
             .timeout(Duration::from_millis(300))
