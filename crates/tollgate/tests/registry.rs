@@ -29,6 +29,13 @@ async fn registry(server: &RedisServer) -> RedisRegistry {
         .unwrap()
 }
 
+/// A follower of "api" on `server`'s registry, for `limiters`, polling every `poll`.
+async fn follow(server: &RedisServer, limiters: &[Limiter], poll: Duration) -> PolicyFollower {
+    PolicyFollower::start(registry(server).await, "api", limiters, poll)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn publish_is_atomic_and_never_goes_back_a_generation() {
     let server = RedisServer::start();
@@ -126,14 +133,7 @@ async fn several_instances_converge_on_a_publication_by_notification_and_by_poll
             Duration::from_secs(poll)
         };
         let l = instance(&server, g1).await;
-        let f = PolicyFollower::start(
-            registry(&server).await,
-            "api",
-            std::slice::from_ref(&l),
-            poll,
-        )
-        .await
-        .unwrap();
+        let f = follow(&server, std::slice::from_ref(&l), poll).await;
         limiters.push(l);
         followers.push(f);
     }
@@ -183,14 +183,12 @@ async fn a_follower_keeps_following_after_redis_restarts() {
     let g1 = spec("fixed-window:limit=10,window=1h,generation=1,transition=reset");
     registry(&server).await.publish("api", &g1).await.unwrap();
     let limiter = instance(&server, g1).await;
-    let mut follower = PolicyFollower::start(
-        registry(&server).await,
-        "api",
+    let mut follower = follow(
+        &server,
         std::slice::from_ref(&limiter),
         Duration::from_millis(200),
     )
-    .await
-    .unwrap();
+    .await;
     server.restart();
     let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
     registry(&server).await.publish("api", &g2).await.unwrap();
@@ -211,14 +209,12 @@ async fn a_follower_brings_every_limiter_to_the_publication_not_just_the_first()
     registry(&server).await.publish("api", &g2).await.unwrap();
     let ahead = instance(&server, g2).await;
     let behind = instance(&server, g1).await;
-    let mut follower = PolicyFollower::start(
-        registry(&server).await,
-        "api",
+    let mut follower = follow(
+        &server,
         &[ahead.clone(), behind.clone()],
         Duration::from_secs(600),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(follower.current(), g2);
     assert_eq!(ahead.policy(), g2);
     assert_eq!(
@@ -253,14 +249,7 @@ async fn a_reset_through_a_follower_clears_every_instances_deny_cache() {
         instance_with(&server, policy, Some(100)).await,
     );
     let follow = async |l: &Limiter| {
-        PolicyFollower::start(
-            registry(&server).await,
-            "api",
-            std::slice::from_ref(l),
-            Duration::from_secs(3600),
-        )
-        .await
-        .unwrap()
+        follow(&server, std::slice::from_ref(l), Duration::from_secs(3600)).await
     };
     let (fa, _fb) = (follow(&a).await, follow(&b).await);
     // a's check takes the key's one admission; b's is denied by Redis and cached for the hour
@@ -347,14 +336,7 @@ async fn a_reset_reaches_a_follower_whose_subscription_stalled() {
     let policy = spec("token-bucket:capacity=1,rate=1,period=1h");
     let a = instance_with(&server, policy, Some(100)).await;
     let b = instance_with(&server, policy, Some(100)).await;
-    let fa = PolicyFollower::start(
-        registry(&server).await,
-        "api",
-        std::slice::from_ref(&a),
-        Duration::from_secs(3600),
-    )
-    .await
-    .unwrap();
+    let fa = follow(&server, std::slice::from_ref(&a), Duration::from_secs(3600)).await;
     let reg_b = RedisRegistry::connect(&proxy.url(), "tollgate:", Duration::from_millis(200))
         .await
         .unwrap();
@@ -516,14 +498,12 @@ async fn changed_after_start_waits_for_a_new_publication() {
     let reg = registry(&server).await;
     reg.publish("api", &g2).await.unwrap();
     let limiter = instance(&server, g1).await;
-    let mut follower = PolicyFollower::start(
-        registry(&server).await,
-        "api",
+    let mut follower = follow(
+        &server,
         std::slice::from_ref(&limiter),
         Duration::from_secs(600),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!((follower.current(), limiter.policy()), (g2, g2));
     let g3 = spec("fixed-window:limit=8,window=1h,generation=3,transition=carry");
     reg.publish("api", &g3).await.unwrap();
@@ -546,14 +526,12 @@ async fn changed_reports_a_publication_that_arrived_before_it_was_called() {
     let reg = registry(&server).await;
     reg.publish("api", &g1).await.unwrap();
     let limiter = instance(&server, g1).await;
-    let mut follower = PolicyFollower::start(
-        registry(&server).await,
-        "api",
+    let mut follower = follow(
+        &server,
         std::slice::from_ref(&limiter),
         Duration::from_secs(600),
     )
-    .await
-    .unwrap();
+    .await;
     let g2 = spec("fixed-window:limit=5,window=1h,generation=2,transition=carry");
     reg.publish("api", &g2).await.unwrap();
     // `current` does not mark the change seen: wait for it (by notification) without `changed`.
