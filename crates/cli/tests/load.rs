@@ -130,12 +130,7 @@ fn threads_sizes_the_runtime_and_zero_is_refused() {
     };
     for n in [1_u64, 3] {
         let out = run(&n.to_string());
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+        let s = json_of(&out);
         assert_eq!(s["runtime_threads"], n);
         assert_eq!(s["requests"], 1000);
     }
@@ -169,12 +164,7 @@ fn eval_file_runs_the_script_on_the_decision_keys() {
             .expect("the tollgate binary runs")
     };
     let out = run(&script);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let s = json_of(&out);
     assert_eq!(s["store"], "redis-eval-file");
     assert_eq!(s["requests"], 30);
     assert_eq!(s["errors"], 0);
@@ -197,6 +187,16 @@ fn eval_file_runs_the_script_on_the_decision_keys() {
         err.contains("--eval-file") && err.contains("missing.lua"),
         "{err}"
     );
+}
+
+/// The JSON a successful run printed (its stderr shown if it failed).
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
 
 /// `tollgate load ARGS` on the local store, as a user runs it.
@@ -298,12 +298,7 @@ fn errors_are_not_counted_as_decisions() {
         "--compare-redis-benchmark",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let s = json_of(&out);
     let n = |k: &str| s[k].as_u64().expect("a count");
     assert_eq!(n("requests"), 2000);
     assert_eq!(n("allowed") + n("denied") + n("errors"), 2000, "{s}");
@@ -342,12 +337,7 @@ fn the_ceiling_visits_the_load_runs_keys_on_keys_of_its_own() {
         "--compare-redis-benchmark",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let s = json_of(&out);
     assert_eq!(s["errors"], 0, "{s}");
     let mut conn = redis.client().get_connection().unwrap();
     let names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
