@@ -326,6 +326,27 @@ fn decide_token_bucket(
     Some(out.decision)
 }
 
+/// What a call under the shard's lock saw of its bucket, for lending it after the call
+/// ([`Bucket::lendable`]): whether the bucket was hot before the call ([`Bucket::is_hot`]), and
+/// whether it may be worth lending at all (`false`: certainly not, so the caller need not ask).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LendNote {
+    pub(crate) hot: bool,
+    pub(crate) maybe: bool,
+}
+
+impl LendNote {
+    /// A token bucket's note: hot before the call, holding `level` after it, for a caller
+    /// with `unit` units per token — [`Bucket::lendable`]'s first test.
+    #[inline]
+    fn of(hot: bool, level: u64, unit: u64) -> Self {
+        Self {
+            hot,
+            maybe: unit > 0 && (hot || level < unit),
+        }
+    }
+}
+
 /// A bucket's record and the instant it expires, in 16 bytes.
 #[derive(Debug)]
 pub(crate) struct Bucket {
@@ -423,10 +444,31 @@ impl Bucket {
         now_us: u64,
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        self.apply_noting(table, policy, now_us, cost, 0, &mut LendNote::default())
+    }
+
+    /// [`Bucket::apply`], noting in `note` whether the bucket may be worth lending after the
+    /// call ([`Bucket::lendable`] to `unit`, the caller's units per token): the fast path
+    /// knows it from the state it has decoded anyway, so a call that lends nothing — most
+    /// calls over many keys — does not decode the bucket again.
+    #[inline]
+    pub(crate) fn apply_noting(
+        &mut self,
+        table: &ParamsTable,
+        policy: &Policy,
+        now_us: u64,
+        cost: u64,
+        unit: u64,
+        note: &mut LendNote,
+    ) -> Result<Decision, StoreError> {
         debug_assert!(!self.is_lent(), "a lent bucket is taken back before a call");
-        if let Some(decision) = self.fast(table, policy, now_us, cost) {
+        if let Some(decision) = self.fast(table, policy, now_us, cost, unit, note) {
             return Ok(decision);
         }
+        *note = LendNote {
+            hot: self.is_hot(now_us),
+            maybe: unit > 0,
+        };
         Ok(self.general(table, policy, now_us, cost)?)
     }
 
@@ -571,6 +613,8 @@ impl Bucket {
         policy: &Policy,
         now: u64,
         cost: u64,
+        unit: u64,
+        note: &mut LendNote,
     ) -> Option<Decision> {
         // `apply`'s callers have checked the cost against the caller's policy
         // (`Policy::check_cost`); against stored parameters it is checked below.
@@ -582,7 +626,7 @@ impl Bucket {
             Algorithm::TokenBucket(_) => {
                 let Some((id, mut s)) = c.as_token_bucket() else {
                     return if c.code() == MISSING {
-                        Self::fresh_token_bucket(c, table, policy, now, cost)
+                        Self::fresh_token_bucket(c, table, policy, now, cost, unit, note)
                     } else {
                         None
                     };
@@ -591,14 +635,21 @@ impl Bucket {
                 let Algorithm::TokenBucket(p) = &held.params else {
                     return None;
                 };
+                // what `is_hot` says of the bucket before the call
+                let hot = now < s.updated.saturating_add(HOT_US);
                 if !token_bucket_alive(p, s, now / 1000) {
                     // Expired: a missing bucket (a clock stepping back later cannot bring it
                     // back, as with Redis's lazy expiry).
-                    return Self::fresh_token_bucket(c, table, policy, now, cost);
+                    let decision =
+                        Self::fresh_token_bucket(c, table, policy, now, cost, unit, note);
+                    note.hot = hot;
+                    note.maybe |= hot && unit > 0;
+                    return decision;
                 }
                 let mut expiry = 0;
                 let decision = decide_token_bucket(held, policy, now, cost, &mut s, &mut expiry)?;
                 *c = Compact::token_bucket(id, s);
+                *note = LendNote::of(hot, s.level, unit);
                 Some(decision)
             }
             Algorithm::FixedWindow(_) => {
@@ -614,6 +665,7 @@ impl Bucket {
                 let mut state = Some(s);
                 let out = fixed_window::apply(&mut state, p, now, cost, true);
                 let Some(ttl) = out.ttl_micros else {
+                    *note = LendNote::default();
                     return Some(out.decision);
                 };
                 let s = state?;
@@ -622,6 +674,8 @@ impl Bucket {
                     return None;
                 }
                 *c = Compact::fixed_window(id, s);
+                // a fixed window is never lent
+                *note = LendNote::default();
                 Some(out.decision)
             }
             _ => None,
@@ -637,6 +691,8 @@ impl Bucket {
         policy: &Policy,
         now: u64,
         cost: u64,
+        unit: u64,
+        note: &mut LendNote,
     ) -> Option<Decision> {
         if now > MAX_TIME {
             return None;
@@ -655,6 +711,7 @@ impl Bucket {
         // expiry the record gives: written at its own time).
         out.ttl_micros?;
         *c = Compact::token_bucket(id, s);
+        *note = LendNote::of(false, s.level, unit);
         Some(out.decision)
     }
 

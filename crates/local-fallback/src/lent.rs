@@ -35,10 +35,13 @@
 //! atomic read-modify-writes per call). A slot stays with its key while the state in it lives,
 //! so two hot keys that share a slot do not evict each other: the second one takes the locked
 //! path; a lent bucket gone cold ([`COLD_US`]) is given back on its next admission, freeing the
-//! slot. Every other call on a key of at most [`MAX_KEY`] bytes pays the slot hash and a
-//! tag read before the lock (and the slot's read when the tag matches).
+//! slot. Once any bucket has been lent, every other call on a key of at most [`MAX_KEY`] bytes
+//! pays the slot hash and a tag read before the lock (and the slot's read when the tag
+//! matches); until then none does. Under the lock, the decision notes whether the bucket may be
+//! worth lending from the state it decodes anyway, so a call that lends nothing does not
+//! compute its slot there either.
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 use tollgate_core::algorithm::TokenBucketState;
 
@@ -318,6 +321,8 @@ pub(crate) struct LentTable {
     /// back), lets a call read a slot that holds another key (the whole key is compared), or
     /// skips a lend; the slot's own words decide everything else.
     tags: Box<[AtomicU64; SLOTS]>,
+    /// Set by the first lend and never cleared ([`LentTable::ever_lent`]).
+    ever_lent: AtomicBool,
 }
 
 impl std::fmt::Debug for LentTable {
@@ -331,7 +336,17 @@ impl LentTable {
         Self {
             slots: Box::new(std::array::from_fn(|_| Slot::default())),
             tags: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            ever_lent: AtomicBool::new(false),
         }
+    }
+
+    /// Whether any bucket was ever lent to this table: until then every slot is empty, and a
+    /// call need not compute its key's slot to find that out. A hint, read with no ordering:
+    /// a call that reads `false` while its own bucket is being lent takes the locked path,
+    /// which takes a lent bucket back before anything else.
+    #[inline]
+    pub(crate) fn ever_lent(&self) -> bool {
+        self.ever_lent.load(Ordering::Relaxed)
     }
 
     fn slot(&self, key: SlotKey<'_>) -> &Slot {
@@ -466,6 +481,9 @@ impl LentTable {
         // The claim fails if anything changed since the reads above.
         if !s.claim_from(seq) {
             return false;
+        }
+        if !self.ever_lent.load(Ordering::Relaxed) {
+            self.ever_lent.store(true, Ordering::Relaxed);
         }
         let len = key.bytes.len() as u64;
         s.meta

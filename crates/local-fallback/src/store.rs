@@ -12,7 +12,7 @@ use tollgate_core::{
     Acquire, Algorithm, Batch, Clock, Decision, Key, MonotonicClock, Policy, Store, StoreError,
 };
 
-use crate::bucket::{Bucket, ParamsTable};
+use crate::bucket::{Bucket, LendNote, ParamsTable};
 use crate::lent::{DecideLent, Held, LentTable, SlotKey};
 
 /// Default cap on the number of keys held at once.
@@ -122,28 +122,32 @@ struct Lending<'a> {
     lent: &'a LentTable,
     params: &'a ParamsTable,
     bucket: &'a mut Bucket,
-    /// By reference: copied, the key costs a store-forwarding stall per call.
-    slot_key: &'a SlotKey<'a>,
+    key: &'a Key,
     /// The caller's units per token (0 for another algorithm).
     unit: u64,
     now: u64,
-    /// Whether the call found the bucket hot ([`Bucket::is_hot`]).
-    hot: bool,
+    /// What the call saw of the bucket ([`Bucket::apply_noting`]).
+    note: LendNote,
 }
 
 impl Drop for Lending<'_> {
     #[allow(clippy::inline_always)] // on every call under the lock of a key with a slot
     #[inline(always)]
     fn drop(&mut self) {
-        lend_if_worth(
-            self.lent,
-            self.params,
-            self.bucket,
-            *self.slot_key,
-            self.unit,
-            self.now,
-            self.hot,
-        );
+        // Most calls over many keys stop here: the key's slot is not even computed.
+        if self.note.maybe
+            && let Some(slot_key) = SlotKey::new(self.key.as_str().as_bytes())
+        {
+            lend_if_worth(
+                self.lent,
+                self.params,
+                self.bucket,
+                slot_key,
+                self.unit,
+                self.now,
+                self.note.hot,
+            );
+        }
     }
 }
 
@@ -290,10 +294,11 @@ impl<C: Clock> LocalStore<C> {
         let now = self.clock.now_micros();
         // A key short enough for the slot table: a token bucket's call first tries its slot
         // (`unit` > 0); any call may find its bucket lent there, or lend it.
-        let slot_key = SlotKey::new(key.as_str().as_bytes());
         let unit = token_unit(policy);
-        if let Some(slot_key) = slot_key
-            && unit > 0
+        // Until a bucket is lent the slot table is empty, and the key's slot is not computed.
+        if unit > 0
+            && self.lent.ever_lent()
+            && let Some(slot_key) = SlotKey::new(key.as_str().as_bytes())
             && let Some(d) = self.lent.decide(
                 slot_key,
                 &OnLent {
@@ -307,7 +312,7 @@ impl<C: Clock> LocalStore<C> {
             return Ok(d);
         }
         if let Some(mut bucket) = self.map.get_mut(key) {
-            return self.apply_lending(&mut bucket, slot_key, unit, policy, now, cost);
+            return self.apply_lending(&mut bucket, key, unit, policy, now, cost);
         }
         self.acquire_new(key, policy, cost, now)
     }
@@ -321,35 +326,32 @@ impl<C: Clock> LocalStore<C> {
     fn apply_lending(
         &self,
         bucket: &mut Bucket,
-        slot_key: Option<SlotKey<'_>>,
+        key: &Key,
         unit: u64,
         policy: &Policy,
         now: u64,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        // a key too long for a slot is never lent
-        let Some(slot_key) = slot_key else {
-            return bucket.apply(&self.params, policy, now, cost);
-        };
-        if bucket.is_lent() {
-            bucket.restore(self.lent.take_back(slot_key));
-        }
+        self.settle(key, bucket);
         // Lent, if worth it, when `lending` drops: after the decision is in the caller's
         // hands. Returned through a copy instead, the decision costs a store-forwarding stall
         // (half of this function's time over 1,000 keys, perf).
-        let lending = Lending {
+        let mut lending = Lending {
             lent: &self.lent,
             params: &self.params,
-            hot: bucket.is_hot(now),
             bucket,
-            slot_key: &slot_key,
+            key,
             unit,
             now,
+            note: LendNote::default(),
         };
-        lending.bucket.apply(&self.params, policy, now, cost)
+        lending
+            .bucket
+            .apply_noting(&self.params, policy, now, cost, unit, &mut lending.note)
     }
 
     /// Takes `bucket` back from its slot if it is lent there (under the shard's lock).
+    #[inline]
     fn settle(&self, key: &Key, bucket: &mut Bucket) {
         if bucket.is_lent()
             && let Some(slot_key) = SlotKey::new(key.as_str().as_bytes())
@@ -373,7 +375,7 @@ impl<C: Clock> LocalStore<C> {
         loop {
             match self.map.entry(key.clone()) {
                 Entry::Occupied(mut held) => {
-                    return self.apply_lending(held.get_mut(), slot_key, unit, policy, now, cost);
+                    return self.apply_lending(held.get_mut(), key, unit, policy, now, cost);
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
