@@ -125,7 +125,9 @@ impl Rate {
     }
 
     /// A fractional rate in tokens per second: a whole number of thousandths of a token per
-    /// second (`0.5`, `2.25`, `0.001`); any other is refused rather than rounded.
+    /// second (`0.5`, `2.25`, `0.001`), that is the double nearest such a number; any other is
+    /// refused rather than rounded, whatever its size (`1000000.0009`). Below 2^52 thousandths
+    /// each has its own double, so the rate is exactly the one the caller's decimal names.
     ///
     /// ```
     /// use std::time::Duration;
@@ -142,25 +144,33 @@ impl Rate {
                 got: rate,
             });
         }
-        // A whole number of thousandths, up to the representation error of the decimal the
-        // caller wrote (0.003 * 1000 is 2.9999999999999996); anything else would be rounded
-        // to a rate faster or slower than asked (0.0015 to 0.002).
+        // A whole number of thousandths `m`: `rate` is the double nearest `m / 1000`, the one
+        // a decimal with at most three fractional digits parses to (0.003 * 1000 is
+        // 2.9999999999999996, yet 3.0 / 1000.0 is 0.003). Below 2^52 thousandths every such
+        // number has its own double, so this is exact; anything else would be rounded to a
+        // rate faster or slower than asked (0.0015 to 0.002, 1000000.0009 to 1000000.001). A
+        // relative tolerance (it was 1e-9) let large rates through with their fraction rounded.
         let scaled = rate * 1000.0;
-        let milli = scaled.round();
-        if milli < 1.0 || (scaled - milli).abs() > 1e-9 * milli {
-            return Err(PolicyError::NotWholeThousandths {
-                field: "rate",
-                got: rate,
-            });
-        }
-        if milli >= MAX_EXACT as f64 {
+        if scaled >= MAX_EXACT as f64 {
             return Err(PolicyError::TooLarge {
                 field: "rate",
                 max: MAX_EXACT / 1000,
                 got: rate as u64,
             });
         }
-        Ok(Self::new(milli as u64, Duration::from_secs(1000)))
+        // `scaled` is within one `m` of the product's rounding of `m`: try its neighbours too
+        let near = scaled.round() as u64;
+        match (near.saturating_sub(1)..=near + 1)
+            // the same double, bit for bit (`rate` is positive and finite): equality is the test
+            .find(|&m| {
+                (1..MAX_EXACT).contains(&m) && (m as f64 / 1000.0).to_bits() == rate.to_bits()
+            }) {
+            Some(milli) => Ok(Self::new(milli, Duration::from_secs(1000))),
+            None => Err(PolicyError::NotWholeThousandths {
+                field: "rate",
+                got: rate,
+            }),
+        }
     }
 
     /// Tokens added per period.
@@ -681,6 +691,44 @@ mod tests {
         }
         let refused = "token-bucket:capacity=1,rate=0.0015".parse::<Policy>();
         assert!(refused.is_err(), "{refused:?}");
+    }
+
+    /// A large rate with a fraction finer than a thousandth was accepted and rounded: the
+    /// check allowed a relative error of 1e-9, far above a double's representation error, so
+    /// `1000000.0009` ran at 1000000.001 tokens/s (faster than asked) and `1000000000.0004`
+    /// at 1000000000/s. Every whole number of thousandths below 2^52 is still exact.
+    #[test]
+    fn large_rates_finer_than_a_thousandth_are_refused() {
+        for bad in [
+            1_000_000.000_9,
+            1_000_000.000_4,
+            5_000_000.004_2,
+            123_456_789.123_4,
+            1_000_000_000.000_4,
+        ] {
+            assert!(
+                matches!(
+                    Rate::per_second_f64(bad),
+                    Err(PolicyError::NotWholeThousandths { field: "rate", .. })
+                ),
+                "{bad}: {:?}",
+                Rate::per_second_f64(bad)
+            );
+        }
+        // whole thousandths, from the smallest to the largest accepted, with their neighbours
+        let mut milli: Vec<u64> = (1..2_000).collect();
+        for top in [1u64 << 20, 1 << 33, 1 << 42, 1 << 51, MAX_EXACT - 1] {
+            milli.extend(top - 1_000..top);
+        }
+        milli.extend([999_999_999, 1_000_000_001, 123_456_789_123]);
+        for m in milli {
+            let rate = m as f64 / 1000.0;
+            assert_eq!(
+                Rate::per_second_f64(rate),
+                Ok(Rate::new(m, Duration::from_secs(1000))),
+                "{m} thousandths"
+            );
+        }
     }
 
     #[test]

@@ -160,6 +160,47 @@ fn parse_duration(name: &str, v: &str) -> Result<Duration, SpecError> {
     humantime::parse_duration(v).map_err(|e| bad(name, v, &e))
 }
 
+/// A rate in tokens per second written as a plain decimal (`0.5`, `2.250`), read exactly from
+/// its text: a whole number of thousandths, or refused. Through a double, a fraction finer than
+/// a thousandth can read as a whole one (`4503599627370.4951` parses to the double of
+/// `4503599627370.495`). `None` for any other form (a sign, an exponent, `inf`), left to
+/// [`Rate::per_second_f64`].
+fn decimal_rate(text: &str) -> Option<Result<Rate, PolicyError>> {
+    let (whole, frac) = text.split_once('.')?;
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && frac.is_empty()) || !digits(whole) || !digits(frac) {
+        return None;
+    }
+    let got = || text.parse::<f64>().unwrap_or(f64::NAN);
+    let (kept, rest) = frac.split_at(frac.len().min(3));
+    if rest.bytes().any(|b| b != b'0') {
+        return Some(Err(PolicyError::NotWholeThousandths {
+            field: "rate",
+            got: got(),
+        }));
+    }
+    // at most 3 digits, padded to thousandths
+    let thousandths = format!("{kept:0<3}").parse::<u64>().unwrap_or(0);
+    let whole = whole.trim_start_matches('0');
+    let milli = match whole.parse::<u64>() {
+        _ if whole.is_empty() => Some(thousandths),
+        Ok(w) => w.checked_mul(1000).and_then(|m| m.checked_add(thousandths)),
+        Err(_) => None,
+    };
+    Some(match milli {
+        Some(0) => Err(PolicyError::NotPositiveFinite {
+            field: "rate",
+            got: 0.0,
+        }),
+        Some(m) if m < MAX_EXACT => Ok(Rate::new(m, Duration::from_secs(1000))),
+        _ => Err(PolicyError::TooLarge {
+            field: "rate",
+            max: MAX_EXACT / 1000,
+            got: got() as u64,
+        }),
+    })
+}
+
 impl FromStr for Policy {
     type Err = SpecError;
 
@@ -206,6 +247,8 @@ impl FromStr for Policy {
                     None => {
                         if let Ok(n) = rate_text.parse::<u64>() {
                             Rate::per_second(n)
+                        } else if let Some(rate) = decimal_rate(rate_text) {
+                            rate?
                         } else {
                             let f = rate_text
                                 .parse::<f64>()
@@ -253,6 +296,7 @@ impl FromStr for Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Algorithm;
 
     #[test]
     fn names_the_offending_parameter() {
@@ -318,6 +362,54 @@ mod tests {
         ] {
             let p: Policy = text.parse().unwrap();
             assert_eq!(p.to_spec().parse::<Policy>().unwrap(), p, "{text}");
+        }
+    }
+
+    /// A rate written with a fraction finer than a thousandth is refused, read from its text:
+    /// it was rounded (through a double whose check allowed a relative error of 1e-9), so
+    /// `rate=1000000.0009` ran at 1000000.001 tokens/s, faster than written. Whole thousandths
+    /// are read exactly, up to the largest accepted rate.
+    #[test]
+    fn rates_finer_than_a_thousandth_are_refused_from_their_text() {
+        for text in [
+            "1000000.0009",
+            "1000000000.0004",
+            "123456789.1234",
+            "4503599627370.4951",
+            "0.0015",
+            "1.00000000000000001",
+        ] {
+            let spec = format!("token-bucket:capacity=10,rate={text}");
+            assert!(
+                matches!(
+                    spec.parse::<Policy>(),
+                    Err(SpecError::Policy(PolicyError::NotWholeThousandths {
+                        field: "rate",
+                        ..
+                    }))
+                ),
+                "{spec}: {:?}",
+                spec.parse::<Policy>()
+            );
+        }
+        for (text, milli) in [
+            ("0.5", 500),
+            ("2.250", 2_250),
+            ("1.0000", 1_000),
+            ("1000000.001", 1_000_000_001),
+            ("4503599627370.495", 4_503_599_627_370_495),
+        ] {
+            let p: Policy = format!("token-bucket:capacity=1,rate={text}")
+                .parse()
+                .unwrap();
+            let Algorithm::TokenBucket(tb) = p.algorithm() else {
+                unreachable!()
+            };
+            assert_eq!(
+                tb.refill,
+                Rate::new(milli, Duration::from_secs(1000)),
+                "{text}"
+            );
         }
     }
 
