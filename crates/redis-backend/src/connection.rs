@@ -986,6 +986,21 @@ impl Cluster {
         });
     }
 
+    /// The host of the node a request routed by the cluster connection went to, as far as a
+    /// redirection naming no host needs it ([`redirect_target`]): the first initial node's. A
+    /// node names no host when its endpoint is unknown to the cluster, and then `CLUSTER SLOTS`
+    /// names none either: redis-rs gives every node of its slot map the host of the node that
+    /// answered it, an initial node, so the nodes are reached through one host (a load
+    /// balancer or one machine, the setup that option is for).
+    fn sender_host(&self) -> Option<String> {
+        match self.node_info.addr() {
+            redis::ConnectionAddr::Tcp(host, _) | redis::ConnectionAddr::TcpTls { host, .. } => {
+                Some(host.clone())
+            }
+            _ => None,
+        }
+    }
+
     /// A direct connection to `node`, with the first initial node's settings, remembered.
     async fn connect_to(&self, node: &(String, u16)) -> RedisResult<DirectConn> {
         let addr = match self.node_info.addr() {
@@ -1113,13 +1128,20 @@ async fn follow_redirects(
     cmd: &Cmd,
 ) -> RedisResult<Value> {
     let mut result = conn.req_packed_command(cmd).await;
+    // The host of the node the last attempt went to: a redirection that names no host points
+    // to another port there. The first attempt went wherever the cluster connection routes the
+    // key; its host is taken to be the first initial node's (see `Cluster::sender_host`).
+    let mut sender = None;
     for _ in 0..MAX_REDIRECTS {
         let Err(err) = &result else {
             return result;
         };
-        let Some((host, port)) = redirect_target(err) else {
+        let Some((host, port)) =
+            redirect_target(err, || sender.clone().or_else(|| cluster.sender_host()))
+        else {
             return result;
         };
+        sender = Some(host.clone());
         let ask = err.kind() == ErrorKind::Server(ServerErrorKind::Ask);
         let node = SingleNodeRoutingInfo::ByAddress {
             host: host.clone(),
@@ -1157,11 +1179,23 @@ async fn follow_redirects(
     result
 }
 
-/// The node a `MOVED` or `ASK` error points to.
-fn redirect_target(err: &RedisError) -> Option<(String, u16)> {
+/// The node a `MOVED` or `ASK` error points to. A node with an unknown endpoint
+/// (`cluster-preferred-endpoint-type unknown-endpoint`) names only a port (`-MOVED 3999 :6380`):
+/// per the Redis Cluster spec that port is on the host the redirected request was sent to,
+/// which `sender` gives (`None`: not known, and the redirection is not followed).
+fn redirect_target(
+    err: &RedisError,
+    sender: impl FnOnce() -> Option<String>,
+) -> Option<(String, u16)> {
     let (addr, _slot) = err.redirect_node()?;
     let (host, port) = addr.rsplit_once(':')?;
-    Some((host.to_owned(), port.parse().ok()?))
+    let port = port.parse().ok()?;
+    let host = if host.is_empty() {
+        sender()?
+    } else {
+        host.to_owned()
+    };
+    Some((host, port))
 }
 
 /// Sends the commands of `pipe` to their keys' nodes, all keys at once: concurrent commands

@@ -724,3 +724,82 @@ async fn a_cluster_url_naming_resp2_is_honoured() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Redirections that name no host
+
+/// `CONFIG SET cluster-preferred-endpoint-type <kind>` on every node of `cluster`.
+fn prefer_endpoint(cluster: &RedisCluster, kind: &str) {
+    for node in cluster.nodes() {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-preferred-endpoint-type")
+            .arg(kind)
+            .query(&mut node.client().get_connection().unwrap())
+            .unwrap();
+    }
+}
+
+/// With `cluster-preferred-endpoint-type unknown-endpoint` a node names no host in a
+/// redirection (`-ASK <slot> :<port>`, `-MOVED <slot> :<port>`): the Redis Cluster spec says
+/// the host is then the one of the node that sent it. Every call in the ASK window and after
+/// the move is decided, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirection_naming_no_host_is_followed_to_the_senders_host() {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
+    let key = Key::new("nohost", ["k0"]).unwrap();
+    let rkey = store.redis_key(&key, &policy);
+    let slot = RedisCluster::slot_of(&rkey);
+    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
+    prefer_endpoint(&cluster, "unknown-endpoint");
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    // The redirection really names no host.
+    let reply = redis::cmd("GET")
+        .arg(&rkey)
+        .query::<Option<Vec<u8>>>(&mut cluster.nodes()[to].client().get_connection().unwrap())
+        .unwrap_err();
+    assert_eq!(
+        reply
+            .detail()
+            .map(|d| d.split_once(' ').map(|(_, addr)| addr.to_owned())),
+        Some(Some(format!(":{}", cluster.nodes()[from].port()))),
+        "{reply}"
+    );
+    let migration = tokio::task::block_in_place(|| cluster.begin_slot_migration(slot, from, to, 1));
+    let mut results = Vec::new();
+    for _ in 0..3 {
+        let got = store.acquire(&key, &policy, 1).await;
+        results.push(got.map(|d| d.remaining).map_err(|e| e.to_string()));
+    }
+    let twice = [
+        tollgate_core::Acquire::new(&key, &policy, 1),
+        tollgate_core::Acquire::new(&key, &policy, 1),
+    ];
+    let batch = |out: tollgate_core::Batch| -> Vec<Result<u64, String>> {
+        out.into_iter()
+            .map(|d| d.map(|d| d.remaining).map_err(|e| e.to_string()))
+            .collect()
+    };
+    results.extend(batch(store.acquire_many(&twice).await.unwrap()));
+    assert_eq!(
+        results,
+        (94..=98).rev().map(Ok).collect::<Vec<_>>(),
+        "in the ASK window (-ASK <slot> :<port>)"
+    );
+    tokio::task::block_in_place(|| migration.finish());
+    let mut results = Vec::new();
+    for _ in 0..3 {
+        let got = store.acquire(&key, &policy, 1).await;
+        results.push(got.map(|d| d.remaining).map_err(|e| e.to_string()));
+    }
+    results.extend(batch(store.acquire_many(&twice).await.unwrap()));
+    assert_eq!(
+        results,
+        (89..=93).rev().map(Ok).collect::<Vec<_>>(),
+        "after the move (-MOVED <slot> :<port>)"
+    );
+    assert_eq!(store.peek(&key, &policy, 1).await.unwrap().remaining, 88);
+}
