@@ -455,7 +455,26 @@ impl<C: Clock> LocalStore<C> {
 
     /// Forgets the bucket of `key`: the next call sees a fresh bucket. Returns whether a bucket
     /// was held (alive or not yet swept). The synchronous form of [`Store::reset`].
-    pub fn reset_now(&self, key: &Key) -> bool {
+    ///
+    /// `key` is a [`Key`] or its encoded string ([`Key::as_str`], as a reset announced by
+    /// another process names it).
+    ///
+    /// ```
+    /// use tollgate_core::{Key, Policy, Rate};
+    /// use tollgate_local::LocalStore;
+    ///
+    /// let store = LocalStore::new();
+    /// let policy = Policy::token_bucket(1, Rate::per_second(1)).unwrap();
+    /// let key = Key::new("login", ["alice"]).unwrap();
+    /// store.acquire_now(&key, &policy, 1).unwrap();
+    /// assert!(store.reset_now(key.as_str()));
+    /// assert!(!store.reset_now(&key));
+    /// ```
+    pub fn reset_now<Q>(&self, key: &Q) -> bool
+    where
+        Key: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         // a lent bucket is taken back (its slot emptied) before it goes
         let removed = self
             .map

@@ -57,8 +57,8 @@ impl fmt::Debug for LocalFallback {
 pub(crate) trait DecideNow: Send + Sync {
     fn acquire_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
     fn peek_now(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError>;
-    /// Drops `key`'s bucket.
-    fn forget(&self, key: &Key);
+    /// Drops the bucket of the key encoded as `key` ([`Key::as_str`]).
+    fn forget(&self, key: &str);
     fn describe(&self) -> String;
 }
 
@@ -71,7 +71,7 @@ impl<C: Clock> DecideNow for LocalStore<C> {
         LocalStore::peek_now(self, key, policy, cost)
     }
 
-    fn forget(&self, key: &Key) {
+    fn forget(&self, key: &str) {
         self.reset_now(key);
     }
 

@@ -694,17 +694,20 @@ impl Limiter {
         }
     }
 
-    /// Forgets a denial of the key encoded as `key` cached by this limiter (and any in
-    /// flight): a reset announced by another process ([`crate::registry::PolicyFollower`]).
+    /// Forgets what this limiter holds of the key encoded as `key`, as [`Limiter::reset`]
+    /// does before it resets the store: a cached denial (and any in flight) and the degraded
+    /// local bucket. For a reset announced by another process
+    /// ([`crate::registry::PolicyFollower`]).
     pub(crate) fn forget_denial(&self, key: &str) {
         if let Some(cache) = &self.inner.deny_cache {
             cache.remove_encoded(key);
         }
+        self.forget_local(key);
     }
 
     /// Forgets the bucket identified by `parts` in the store (and any cached denial of it, or
-    /// one in flight): the next check sees a fresh bucket. Other instances' deny caches do not
-    /// hear of it; [`crate::registry::PolicyFollower::reset`] tells them too.
+    /// one in flight, and its degraded local bucket): the next check sees a fresh bucket. Other
+    /// instances do not hear of it; [`crate::registry::PolicyFollower::reset`] tells them too.
     ///
     /// A reset the store cannot answer is [`Error::Unavailable`] (whatever the failure mode:
     /// there is nothing to fall back to, and the breaker does not count it); one it refuses as
@@ -725,7 +728,7 @@ impl Limiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(key);
         }
-        self.forget_local(key);
+        self.forget_local(key.as_str());
         let policy = self.policy();
         let call = inner.store.reset(key, &policy);
         let result = match tokio::time::timeout(inner.timeout, call).await {
@@ -895,7 +898,7 @@ impl Limiter {
     /// until they expire, across outages, so that a store flapping between up and down cannot
     /// grant an instance its local share again at every outage (`chaos_soak` bounds degraded
     /// admissions per instance and key by the share per local window).
-    fn forget_local(&self, key: &Key) {
+    fn forget_local(&self, key: &str) {
         if let FailureMode::Degraded { local, .. } = &self.inner.failure_mode {
             local.decider().forget(key);
         }

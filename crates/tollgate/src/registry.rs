@@ -243,10 +243,11 @@ impl PolicyFollower {
     }
 
     /// Resets the bucket identified by `parts` through `limiter` ([`Limiter::reset`]: the
-    /// store forgets it, and so does this process's deny cache), then announces the reset to
-    /// every follower of this name, whose limiters forget a denial of the key they cached: an
-    /// opt-in deny cache elsewhere in the fleet would otherwise keep denying the key until its
-    /// cached deadline. An announcement that fails (the registry unreachable) is an error after
+    /// store forgets it, and so do this process's deny cache and degraded local bucket), then
+    /// announces the reset to every follower of this name, whose limiters forget what they hold
+    /// of the key as well (a cached denial, a degraded local bucket): an opt-in deny cache
+    /// elsewhere in the fleet would otherwise keep denying the key until its cached deadline,
+    /// and a local bucket spent during an outage would deny it in the next. An announcement that fails (the registry unreachable) is an error after
     /// the reset itself succeeded: the other instances' caches then hold their denials until
     /// their deadlines at the latest; so are announcements a follower misses while its
     /// subscription is down (its poll recovers publications, not resets).

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use tollgate::redis::{Published, RedisRegistry, RedisStore, RegistryError};
 use tollgate::registry::PolicyFollower;
-use tollgate::{FailureMode, Limiter, Policy, Transition};
+use tollgate::{Enforcement, FailureMode, Limiter, LocalStore, Policy, Transition};
+use tollgate_testkit::proxy::FaultProxy;
 use tollgate_testkit::server::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -282,6 +283,63 @@ async fn a_reset_through_a_follower_clears_every_instances_deny_cache() {
     eprintln!(
         "a reset announced through the registry reached the other instance's deny cache in {took:?}"
     );
+}
+
+/// A reset announced by another instance reaches this instance's degraded enforcement too, as
+/// a reset through this instance (`Limiter::reset`) does: b's store is cut off (its checks are
+/// decided on its local store), b spends its local share of a key, and a resets the key
+/// through its follower. Before, the announcement cleared only b's deny cache: b kept denying
+/// the key from its local bucket for the hour (the reset user locked out until Redis came
+/// back, or for good if it came back and went again).
+#[tokio::test]
+async fn a_reset_announced_by_another_instance_clears_the_degraded_local_bucket() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let policy = spec("token-bucket:capacity=1,rate=1,period=1h");
+    let a = instance(&server, policy).await;
+    let b_store = RedisStore::builder(proxy.url())
+        .timeout(TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let b = Limiter::builder("api", policy)
+        .store(Arc::new(b_store))
+        .failure_mode(FailureMode::degraded_with(Arc::new(LocalStore::new()), 1))
+        .build()
+        .unwrap();
+    let fa = follow(&server, std::slice::from_ref(&a), Duration::from_secs(3600)).await;
+    let _fb = follow(&server, std::slice::from_ref(&b), Duration::from_secs(3600)).await;
+
+    // b loses its store: its checks are decided locally, and its local share of "k" is spent
+    proxy.set_refuse(true);
+    proxy.cut_all();
+    let first = b.check(["k"], 1).await.unwrap();
+    assert_eq!(
+        (first.allowed, first.enforcement),
+        (true, Enforcement::Degraded)
+    );
+    let second = b.check(["k"], 1).await.unwrap();
+    assert_eq!(
+        (second.allowed, second.enforcement),
+        (false, Enforcement::Degraded)
+    );
+
+    let started = Instant::now();
+    fa.reset(&a, ["k"]).await.unwrap();
+    let admitted = loop {
+        // the announcement travels over pub/sub; bounded by TIMEOUT
+        let d = b.check(["k"], 1).await.unwrap();
+        assert_eq!(d.enforcement, Enforcement::Degraded);
+        if d.allowed {
+            break Some(started.elapsed());
+        }
+        if started.elapsed() > TIMEOUT {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let took = admitted.expect("b's local bucket forgotten after the announced reset");
+    eprintln!("an announced reset reached the other instance's degraded bucket in {took:?}");
 }
 
 /// The registry's path dies without a reset (`FaultProxy::stall_open`: every open connection
