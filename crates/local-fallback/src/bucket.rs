@@ -501,10 +501,10 @@ impl Bucket {
             if c.as_token_bucket().is_some_and(|(_, s)| now_us < s.updated.saturating_add(HOT_US)))
     }
 
-    /// The bucket as [`Held`] when it is worth lending and `may_take` (asked last) says its
-    /// slot would take it: a compact token bucket alive at `now_us` that `hot` says is called
-    /// often, or that holds less than `unit` (the caller's units per token; 0 lends nothing) so
-    /// that a call now is likely denied. For any other bucket the locked path is as quick, and
+    /// The bucket as [`Held`] when it is worth lending and `may_take` says its slot would take
+    /// it (asked before the bucket's aliveness, which reads its parameters): a compact token
+    /// bucket alive at `now_us` that `hot` says is called often, or that holds less than `unit`
+    /// (the caller's units per token; 0 lends nothing) so that a call now is likely denied. For any other bucket the locked path is as quick, and
     /// a slot taken by a bucket seldom called would only keep it from a hot one.
     #[inline]
     pub(crate) fn lendable(
@@ -519,13 +519,14 @@ impl Bucket {
             return None;
         };
         let (id, state) = c.as_token_bucket()?;
-        if unit == 0 || !(hot || state.level < unit) {
+        // `may_take` first: over many dry keys, most slots hold live states of others
+        if unit == 0 || !(hot || state.level < unit) || !may_take() {
             return None;
         }
         let Algorithm::TokenBucket(p) = &table.get(id).params else {
             return None;
         };
-        (token_bucket_alive(p, state, now_us / 1000) && may_take()).then(|| Held {
+        token_bucket_alive(p, state, now_us / 1000).then(|| Held {
             id,
             state,
             expires_at_ms: token_bucket_expiry(p, state),
