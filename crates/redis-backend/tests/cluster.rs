@@ -32,6 +32,19 @@ async fn store(urls: Vec<String>) -> RedisStore {
         .expect("cluster store")
 }
 
+/// A three-node cluster, a store on it, and a bucket of 100 tokens refilling one an hour for
+/// key `name`/`k0`, which has admitted one request: the cluster, the store, the policy, the key
+/// and the bucket's Redis key.
+async fn cluster_with_a_bucket(name: &str) -> (RedisCluster, RedisStore, Policy, Key, String) {
+    let cluster = RedisCluster::start(3);
+    let store = store(cluster.urls()).await;
+    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
+    let key = Key::new(name, ["k0"]).unwrap();
+    let rkey = store.redis_key(&key, &policy);
+    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
+    (cluster, store, policy, key, rkey)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Conformance
 
@@ -515,13 +528,8 @@ fn move_to_a_joined_node(cluster: &RedisCluster, rkey: &str) -> (RedisServer, St
 /// (`NOSCRIPT`) is absorbed as anywhere else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_moving_to_a_newly_joined_node_is_followed() {
-    let cluster = RedisCluster::start(3);
-    let store = store(cluster.urls()).await;
-    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
-    let key = Key::new("scaleout", ["k0"]).unwrap();
-    let rkey = store.redis_key(&key, &policy);
+    let (cluster, store, policy, key, rkey) = cluster_with_a_bucket("scaleout").await;
     let slot = RedisCluster::slot_of(&rkey);
-    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
 
     // A fourth, empty primary joins the running cluster; the ASK window opens towards it and
     // the bucket moves there.
@@ -674,12 +682,7 @@ async fn a_cluster_store_survives_idle_connections_closed_by_every_node() {
 /// moving slot must not fail on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_direct_connection_closed_by_a_joined_node_is_replaced_before_the_next_call() {
-    let cluster = RedisCluster::start(3);
-    let store = store(cluster.urls()).await;
-    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
-    let key = Key::new("idle-direct", ["k0"]).unwrap();
-    let rkey = store.redis_key(&key, &policy);
-    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
+    let (cluster, store, policy, key, rkey) = cluster_with_a_bucket("idle-direct").await;
     let (new, _) = tokio::task::block_in_place(|| move_to_a_joined_node(&cluster, &rkey));
     // the first call in the ASK window connects to the new node directly
     assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 98);
@@ -746,13 +749,8 @@ fn prefer_endpoint(cluster: &RedisCluster, kind: &str) {
 /// the move is decided, each exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirection_naming_no_host_is_followed_to_the_senders_host() {
-    let cluster = RedisCluster::start(3);
-    let store = store(cluster.urls()).await;
-    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
-    let key = Key::new("nohost", ["k0"]).unwrap();
-    let rkey = store.redis_key(&key, &policy);
+    let (cluster, store, policy, key, rkey) = cluster_with_a_bucket("nohost").await;
     let slot = RedisCluster::slot_of(&rkey);
-    assert_eq!(store.acquire(&key, &policy, 1).await.unwrap().remaining, 99);
     prefer_endpoint(&cluster, "unknown-endpoint");
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;

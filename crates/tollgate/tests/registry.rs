@@ -87,16 +87,21 @@ async fn instance(server: &RedisServer, policy: Policy) -> Limiter {
     instance_with(server, policy, None).await
 }
 
-/// An instance with a deny cache of `deny_cache` entries, if any.
-async fn instance_with(server: &RedisServer, policy: Policy, deny_cache: Option<usize>) -> Limiter {
-    let store = RedisStore::builder(server.url())
+/// A limiter named "api" on a store at `url`, failing over to `mode`, ready to build.
+async fn builder_on(url: String, policy: Policy, mode: FailureMode) -> tollgate::LimiterBuilder {
+    let store = RedisStore::builder(url)
         .timeout(TIMEOUT)
         .build()
         .await
         .unwrap();
-    let builder = Limiter::builder("api", policy)
+    Limiter::builder("api", policy)
         .store(Arc::new(store))
-        .failure_mode(FailureMode::Closed);
+        .failure_mode(mode)
+}
+
+/// An instance with a deny cache of `deny_cache` entries, if any.
+async fn instance_with(server: &RedisServer, policy: Policy, deny_cache: Option<usize>) -> Limiter {
+    let builder = builder_on(server.url(), policy, FailureMode::Closed).await;
     match deny_cache {
         Some(n) => builder.deny_cache(n),
         None => builder,
@@ -297,14 +302,9 @@ async fn a_reset_announced_by_another_instance_clears_the_degraded_local_bucket(
     let proxy = FaultProxy::start(server.port());
     let policy = spec("token-bucket:capacity=1,rate=1,period=1h");
     let a = instance(&server, policy).await;
-    let b_store = RedisStore::builder(proxy.url())
-        .timeout(TIMEOUT)
-        .build()
+    let degraded = FailureMode::degraded_with(Arc::new(LocalStore::new()), 1);
+    let b = builder_on(proxy.url(), policy, degraded)
         .await
-        .unwrap();
-    let b = Limiter::builder("api", policy)
-        .store(Arc::new(b_store))
-        .failure_mode(FailureMode::degraded_with(Arc::new(LocalStore::new()), 1))
         .build()
         .unwrap();
     let fa = follow(&server, std::slice::from_ref(&a), Duration::from_secs(3600)).await;
