@@ -20,6 +20,16 @@ use crate::compare::Bare;
 /// Most keys one `--batch` call decides.
 const MAX_BATCH: usize = 100_000;
 
+/// Most tasks of a run in all (`--instances` × `--tasks`): each keeps a latency histogram of
+/// ~220 KB, written in full when it is made (1,024 instances of 64 tasks took 14.5 GB).
+const MAX_TASKS: usize = 4096;
+
+/// Most `--keys`: every key of a run is made before it starts (10,000,000 take ~0.6 GB).
+const MAX_KEYS: usize = 10_000_000;
+
+/// Most `--threads`: a runtime the OS cannot give its threads panics while it starts.
+const MAX_THREADS: u16 = 1024;
+
 /// Longest `--duration` (a day): a run is a measurement, and its deadline must fit an `Instant`.
 const MAX_RUN: Duration = Duration::from_secs(86_400);
 
@@ -62,11 +72,12 @@ pub(crate) struct LoadArgs {
     /// The policy, e.g. `token-bucket:capacity=100,rate=50`.
     #[arg(long)]
     policy: Policy,
-    /// Independent limiter instances, each with its own store handle.
-    #[arg(long, default_value_t = 1)]
+    /// Independent limiter instances, each with its own store handle (1 to 4,096, and at
+    /// most 4,096 tasks in all).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_TASKS as u64))]
     instances: usize,
-    /// Concurrent tasks per instance.
-    #[arg(long, default_value_t = 1)]
+    /// Concurrent tasks per instance (1 to 4,096; `--instances` × `--tasks` at most 4,096).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_TASKS as u64))]
     tasks: usize,
     /// Stop after this long (default 300 s if only --requests is given).
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -74,8 +85,8 @@ pub(crate) struct LoadArgs {
     /// Stop after this many requests in total (default 100,000,000 if only --duration is given).
     #[arg(long)]
     requests: Option<u64>,
-    /// Number of distinct keys, used round-robin.
-    #[arg(long, default_value_t = 1)]
+    /// Number of distinct keys, used round-robin (1 to 10,000,000).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_KEYS as u64))]
     keys: usize,
     /// Cost of every request.
     #[arg(long, default_value_t = 1)]
@@ -126,8 +137,8 @@ pub(crate) struct LoadArgs {
     /// Worker threads of the client's runtime (tasks, connections and the ceiling driver of
     /// `--compare-redis-benchmark` all run on them); default: one per CPU. Against a Redis on
     /// the same small machine, `--threads 1` leaves the single-threaded server a core of its
-    /// own (BENCHMARKS.md measures both).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    /// own (BENCHMARKS.md measures both). 1 to 1,024.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_THREADS)))]
     pub(crate) threads: Option<u16>,
     #[command(flatten)]
     store: StoreArgs,
@@ -432,8 +443,14 @@ fn bucket_bound(policy: &Policy, elapsed: Duration) -> u64 {
 
 #[allow(clippy::too_many_lines)] // one bounded run, read top to bottom
 pub(crate) async fn run(args: LoadArgs) -> Result<()> {
-    if args.instances == 0 || args.tasks == 0 || args.keys == 0 {
-        bail!("--instances, --tasks and --keys must be at least 1");
+    // each is at least 1 and at most MAX_TASKS (clap), so the product fits
+    if args.instances * args.tasks > MAX_TASKS {
+        bail!(
+            "--instances {} x --tasks {} is {} tasks; a run has at most {MAX_TASKS}",
+            args.instances,
+            args.tasks,
+            args.instances * args.tasks
+        );
     }
     if args.duration.is_none() && args.requests.is_none() {
         bail!("give --duration or --requests (or both): a load run is always bounded");

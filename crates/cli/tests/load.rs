@@ -434,3 +434,87 @@ fn probes_speak_the_stores_protocol() {
     let ping2 = protocol_of(&resp2, "ping", &[&tb[..], &["--ping"]].concat(), &redis);
     assert_eq!(ping2, "2", "a URL that names RESP2 is honoured");
 }
+
+/// `tollgate load ARGS` on the local store under a 4 GiB address-space limit (as a shared
+/// machine's would be), killed if it runs past 60 s; returns its exit code and stderr.
+fn load_limited(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -v 4194304 && exec "$0" load "$@""#)
+        .arg(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tollgate binary runs");
+    let started = std::time::Instant::now();
+    for _ in 0..1200 {
+        if child.try_wait().expect("waits").is_some() || started.elapsed() > Duration::from_secs(60)
+        {
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    if child.try_wait().expect("waits").is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("collects the output");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Sizes a run cannot hold are clear errors before anything starts. Before, each was taken as
+/// given: `--keys 1000000000` made every key first and aborted (`memory allocation of 32 bytes
+/// failed`, exit 134, after ~9 s; a debug build was still making
+/// them when killed at 60 s), `--instances 100000000` and `--tasks 100000000` aborted on
+/// allocation (exit 134), `--instances 64 --tasks 65` ran 4,160 tasks (each with a ~220 KB
+/// histogram: 1,024 × 64 took 14.5 GB and ran 38 s of a 3 s `--duration`), and `--threads
+/// 65535` panicked (`OS can't spawn worker thread`, exit 134).
+#[test]
+fn run_sizes_beyond_the_bounds_are_clear_errors() {
+    let policy = [
+        "--policy",
+        "token-bucket:capacity=10,rate=2",
+        "--requests",
+        "10",
+    ];
+    for (args, code, names) in [
+        (&["--keys", "1000000000"][..], 2, "--keys"),
+        (&["--keys", "10000001"][..], 2, "--keys"),
+        (&["--instances", "100000000"][..], 2, "--instances"),
+        (&["--tasks", "100000000"][..], 2, "--tasks"),
+        (&["--tasks", "0"][..], 2, "--tasks"),
+        (
+            &["--instances", "64", "--tasks", "65"][..],
+            1,
+            "--instances 64 x --tasks 65",
+        ),
+        (&["--threads", "65535"][..], 2, "--threads"),
+    ] {
+        let mut all = policy.to_vec();
+        all.extend_from_slice(args);
+        let (status, stderr) = load_limited(&all);
+        assert_eq!(status, Some(code), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(names) && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // the largest sizes still run
+    let (status, stderr) = load_limited(&[
+        "--policy",
+        "token-bucket:capacity=10,rate=2",
+        "--requests",
+        "10",
+        "--instances",
+        "64",
+        "--tasks",
+        "64",
+        "--keys",
+        "100000",
+    ]);
+    assert_eq!(status, Some(0), "{stderr}");
+}
