@@ -50,15 +50,26 @@ pub(crate) struct StoreArgs {
     /// Key prefix in Redis.
     #[arg(long, default_value = "tollgate:")]
     prefix: String,
-    /// Use a bb8 connection pool of this size (default: the store's default pool, 4).
-    #[arg(long, value_name = "SIZE", conflicts_with = "multiplexed")]
+    /// Use a bb8 connection pool of this size, at least 1 (default: the store's default
+    /// pool, 4).
+    #[arg(long, value_name = "SIZE", conflicts_with = "multiplexed", value_parser = clap::value_parser!(u32).range(1..))]
     pool: Option<u32>,
     /// Use one multiplexed connection (redis-rs's ConnectionManager) instead of a pool.
     #[arg(long)]
     multiplexed: bool,
-    /// Per-call deadline.
-    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    /// Per-call deadline, above zero.
+    #[arg(long, default_value = "250ms", value_parser = deadline)]
     timeout: Duration,
+}
+
+/// Parses a deadline (`250ms`, `2s`): above zero, since a zero deadline fails every Redis call
+/// (or, as a timer tick decides, only some of them).
+pub(crate) fn deadline(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("a deadline must be above zero (a zero deadline fails every call)".into());
+    }
+    Ok(d)
 }
 
 impl StoreArgs {

@@ -33,8 +33,8 @@ struct RegistryArgs {
     /// Key prefix in Redis (the stores' prefix).
     #[arg(long, default_value = "tollgate:")]
     prefix: String,
-    /// Deadline of each call.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    /// Deadline of each call, above zero.
+    #[arg(long, default_value = "2s", value_parser = crate::deadline)]
     timeout: Duration,
 }
 

@@ -138,3 +138,57 @@ fn show_lists_every_entry_and_why_one_is_unreadable() {
     assert_eq!(entries[1]["name"], "login");
     assert_eq!(entries[1]["generation"], 1);
 }
+
+/// A zero deadline or pool is refused, naming the flag. Before, each was taken: `--timeout 0s`
+/// made every Redis call a race against the timer's next tick (`check --redis` failed with
+/// "store call timed out after 0ns", `policy show` succeeded, and on the local store `check`
+/// succeeded: exit 0), and `--pool 0` was silently a pool of 1 (exit 0).
+#[test]
+fn a_zero_deadline_or_pool_is_refused() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let check = [
+        "check",
+        "--policy",
+        "token-bucket:capacity=10,rate=2",
+        "--key",
+        "user:1",
+    ];
+    for (args, flag) in [
+        (vec!["--timeout", "0s"], "--timeout"),
+        (vec!["--timeout", "0ms", "--redis", &url], "--timeout"),
+        (vec!["--pool", "0", "--redis", &url], "--pool"),
+    ] {
+        let mut all = check.to_vec();
+        all.extend_from_slice(&args);
+        let out = tollgate(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+    for cmd in [
+        &["show"][..],
+        &[
+            "publish",
+            "--name",
+            "a",
+            "--policy",
+            "fixed-window:limit=1,window=1s",
+        ][..],
+    ] {
+        let mut all = vec!["policy"];
+        all.extend_from_slice(cmd);
+        all.extend_from_slice(&["--redis", &url, "--timeout", "0s"]);
+        let out = tollgate(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+        assert!(stderr.contains("--timeout"), "{cmd:?}: {stderr}");
+    }
+    // nothing was published
+    let out = tollgate(&["policy", "show", "--redis", &url]);
+    assert_eq!(json(&out), serde_json::json!([]));
+    // the smallest deadline and pool still decide
+    let mut all = check.to_vec();
+    all.extend_from_slice(&["--timeout", "1s", "--pool", "1", "--redis", &url]);
+    assert_eq!(json(&tollgate(&all))["allowed"], true);
+}
