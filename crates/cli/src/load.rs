@@ -647,7 +647,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         } else {
             args.store.label()
         },
-        policy: args.policy.to_string(),
+        policy: args.policy.to_spec(),
         instances: args.instances,
         tasks_per_instance: args.tasks,
         runtime_threads: tokio::runtime::Handle::current().metrics().num_workers(),

@@ -518,3 +518,25 @@ fn run_sizes_beyond_the_bounds_are_clear_errors() {
     ]);
     assert_eq!(status, Some(0), "{stderr}");
 }
+
+/// A run prints its policy in the form `--policy` reads, as `check` does: before, it printed
+/// the policy's `Display` form (`token-bucket:capacity=10,rate=2/1000000us`), which `--policy`
+/// refuses, so a run's JSON could not be replayed.
+#[test]
+fn a_run_prints_a_policy_its_own_flag_reads_back() {
+    for policy in [
+        "token-bucket:capacity=10,rate=2",
+        "token-bucket:capacity=7,rate=7,period=3s,max-elapsed=2s,generation=4,transition=proportional",
+        "fixed-window:limit=100,window=1m",
+        "sliding-log:limit=20,window=10s",
+    ] {
+        let run = |policy: &str| {
+            json_of(&load(&["--policy", policy, "--requests", "10", "--json"]))["policy"]
+                .as_str()
+                .expect("a policy string")
+                .to_owned()
+        };
+        let printed = run(policy);
+        assert_eq!(run(&printed), printed, "{policy}");
+    }
+}
