@@ -47,15 +47,16 @@ pub(crate) struct StoreArgs {
     /// TLS). Without it, the embedded local store is used.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
-    /// Key prefix in Redis.
-    #[arg(long, default_value = "tollgate:")]
+    /// Key prefix in Redis (with --redis).
+    #[arg(long, default_value = "tollgate:", requires = "redis")]
     prefix: String,
     /// Use a bb8 connection pool of this size, at least 1 (default: the store's default
-    /// pool, 4).
-    #[arg(long, value_name = "SIZE", conflicts_with = "multiplexed", value_parser = clap::value_parser!(u32).range(1..))]
+    /// pool, 4; with --redis).
+    #[arg(long, value_name = "SIZE", conflicts_with = "multiplexed", requires = "redis", value_parser = clap::value_parser!(u32).range(1..))]
     pool: Option<u32>,
-    /// Use one multiplexed connection (redis-rs's ConnectionManager) instead of a pool.
-    #[arg(long)]
+    /// Use one multiplexed connection (redis-rs's ConnectionManager) instead of a pool (with
+    /// --redis).
+    #[arg(long, requires = "redis")]
     multiplexed: bool,
     /// Per-call deadline, above zero.
     #[arg(long, default_value = "250ms", value_parser = deadline)]

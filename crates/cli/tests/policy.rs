@@ -192,3 +192,34 @@ fn a_zero_deadline_or_pool_is_refused() {
     all.extend_from_slice(&["--timeout", "1s", "--pool", "1", "--redis", &url]);
     assert_eq!(json(&tollgate(&all))["allowed"], true);
 }
+
+/// Redis connection flags without `--redis` are refused, naming `--redis`: before, `--pool`,
+/// `--multiplexed` and `--prefix` were silently ignored on the embedded local store (exit 0), so
+/// a run the operator meant for Redis measured the local store instead. The local store still
+/// runs with none of them; `--timeout` applies to both stores.
+#[test]
+fn redis_flags_without_redis_are_refused() {
+    let check = [
+        "check",
+        "--policy",
+        "token-bucket:capacity=10,rate=2",
+        "--key",
+        "user:1",
+    ];
+    for args in [
+        &["--pool", "4"][..],
+        &["--multiplexed"][..],
+        &["--prefix", "other:"][..],
+    ] {
+        let mut all = check.to_vec();
+        all.extend_from_slice(args);
+        let out = tollgate(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("--redis"), "{args:?}: {stderr}");
+    }
+    let mut all = check.to_vec();
+    all.extend_from_slice(&["--timeout", "1s"]);
+    assert_eq!(json(&tollgate(&all))["allowed"], true);
+    assert_eq!(json(&tollgate(&check))["allowed"], true);
+}
