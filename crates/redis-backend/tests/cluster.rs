@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tollgate_core::{Key, Policy, Rate, Store};
+use tollgate_core::{ErrorClass, Key, Policy, Rate, Store};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::clock::ServerClock;
 use tollgate_testkit::cluster::RedisCluster;
@@ -279,8 +279,15 @@ async fn a_batch_applies_one_keys_requests_in_order() {
 /// one round trip: 2,000 requests on one key are all decided well within the store's
 /// deadline (sent one after another, each waiting for the last, most timed out), and exactly
 /// the limit is admitted.
+///
+/// A slow host gets more tries, not a longer deadline: one pipeline took 48–107 ms with the
+/// test's thread and the nodes sharing one busy core, and one run in three failed at 98 ms
+/// ("store unavailable: Redis: I/O error", each command cut just before the deadline). A try
+/// that misses the deadline may only have failed as unavailable, and the next one starts on a
+/// fresh key. 2,000 round trips one after another (~175 ms on loopback) miss every try.
 #[tokio::test]
 async fn a_batch_repeating_one_key_is_one_round_trip() {
+    const TRIES: usize = 5;
     let cluster = RedisCluster::start(3);
     // One after another, 2,000 round trips took ~175 ms on loopback; as one pipeline, ~15 ms.
     let store = RedisStore::cluster(cluster.urls())
@@ -289,19 +296,40 @@ async fn a_batch_repeating_one_key_is_one_round_trip() {
         .await
         .expect("cluster store");
     let policy = Policy::token_bucket(10, Rate::new(1, HOUR)).unwrap();
-    let key = Key::new("repeated", ["k"]).unwrap();
-    let requests = vec![tollgate_core::Acquire::new(&key, &policy, 1); 2_000];
-    let started = std::time::Instant::now();
-    let decisions = store.acquire_many(&requests).await.unwrap();
-    let took = started.elapsed();
-    let admitted = decisions
-        .iter()
-        .map(|d| d.as_ref().map(|d| d.allowed))
-        .collect::<Result<Vec<bool>, _>>()
-        .unwrap_or_else(|e| panic!("every request decided in {took:?}: {e}"));
-    eprintln!("2,000 requests on one key decided in {took:?}");
-    assert_eq!(admitted.iter().filter(|&&a| a).count(), 10);
-    assert!(admitted[..10].iter().all(|&a| a), "the first ten, in order");
+    let mut missed = Vec::new();
+    for attempt in 0..TRIES {
+        let key = Key::new("repeated", [format!("k{attempt}")]).unwrap();
+        let requests = vec![tollgate_core::Acquire::new(&key, &policy, 1); 2_000];
+        let started = std::time::Instant::now();
+        let decisions = store.acquire_many(&requests).await;
+        let took = started.elapsed();
+        let admitted = match decisions.and_then(|batch| {
+            batch
+                .into_iter()
+                .map(|d| d.map(|d| d.allowed))
+                .collect::<Result<Vec<bool>, _>>()
+        }) {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                // past the deadline: a timeout, or the commands cut just before it
+                assert_eq!(
+                    e.class(),
+                    ErrorClass::Unavailable,
+                    "try {attempt}, after {took:?}: {e}"
+                );
+                missed.push((took, e.to_string()));
+                continue;
+            }
+        };
+        eprintln!(
+            "2,000 requests on one key decided in {took:?} (try {}; missed: {missed:?})",
+            attempt + 1
+        );
+        assert_eq!(admitted.iter().filter(|&&a| a).count(), 10);
+        assert!(admitted[..10].iter().all(|&a| a), "the first ten, in order");
+        return;
+    }
+    panic!("no try of {TRIES} decided every request within the deadline: {missed:?}");
 }
 
 /// A key with several requests in a batch goes as one transaction; while its slot is moving
