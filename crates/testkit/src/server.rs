@@ -532,9 +532,15 @@ fn signal(pid: u32, sig: libc::c_int) {
 }
 
 /// Waits (bounded) until /proc says `pid` is stopped (`stopped == true`) or not.
+///
+/// # Panics
+/// If it does not within 5 s; the message names the last state /proc showed and, for a
+/// process asleep in the kernel, where (`wchan`): a signal waits until an uninterruptible
+/// sleep (`D`, such as an `fsync`) ends.
 fn wait_for_state(pid: u32, stopped: bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     let stat_path = format!("/proc/{pid}/stat");
+    let mut last = None;
     while Instant::now() < deadline {
         let Ok(stat) = fs::read_to_string(&stat_path) else {
             return; // no /proc (or the process is gone): nothing to wait for
@@ -546,10 +552,12 @@ fn wait_for_state(pid: u32, stopped: bool) {
         if matches!(state, Some('T' | 't')) == stopped || matches!(state, Some('Z' | 'X')) {
             return; // done, or the process already exited: nothing left to wait for
         }
+        last = state;
         thread::sleep(Duration::from_millis(1));
     }
+    let wchan = fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
     panic!(
-        "process {pid} did not become {} within 5 s",
+        "process {pid} did not become {} within 5 s (last state {last:?}, wchan {wchan:?})",
         if stopped { "stopped" } else { "running" }
     );
 }
