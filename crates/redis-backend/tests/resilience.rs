@@ -136,18 +136,7 @@ async fn a_busy_server_makes_a_repeated_key_batch_busy(store: &RedisStore, serve
         .arg(50)
         .query(&mut server.get_connection().unwrap())
         .unwrap();
-    let mut conn = server.get_connection().unwrap();
-    let spin = std::thread::spawn(move || {
-        let script = "local a = redis.call('TIME') \
-            while true do local b = redis.call('TIME') \
-            if (b[1] - a[1]) * 1000000 + (b[2] - a[2]) > 700000 then return 1 end end";
-        let _: i64 = redis::cmd("EVAL")
-            .arg(script)
-            .arg(0)
-            .query(&mut conn)
-            .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    let busy = tollgate_testkit::busy::BusyScript::start(server);
     let p = Policy::fixed_window(5, Duration::from_secs(3600)).unwrap();
     let (a, b) = (
         Key::new("busy", ["a"]).unwrap(),
@@ -165,7 +154,7 @@ async fn a_busy_server_makes_a_repeated_key_batch_busy(store: &RedisStore, serve
         tollgate_core::Acquire::new(&a, &p, 1),
     ];
     let txn = store.acquire_many(&repeated).await;
-    spin.join().unwrap();
+    busy.stop();
     let classes = |r: &Result<tollgate_core::Batch, StoreError>| -> Vec<ErrorClass> {
         match r {
             Err(e) => vec![e.class()],

@@ -949,22 +949,11 @@ async fn a_server_running_a_long_script_is_busy() {
         .arg(50)
         .query(&mut server.conn())
         .unwrap();
-    let mut conn = server.conn();
-    let spin = std::thread::spawn(move || {
-        let script = "local a = redis.call('TIME') \
-            while true do local b = redis.call('TIME') \
-            if (b[1] - a[1]) * 1000000 + (b[2] - a[2]) > 700000 then return 1 end end";
-        let _: i64 = redis::cmd("EVAL")
-            .arg(script)
-            .arg(0)
-            .query(&mut conn)
-            .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    let busy = tollgate_testkit::busy::BusyScript::start(&server.0.client());
     let p = Policy::fixed_window(1, HOUR).unwrap();
     let err = store.acquire(&key("busy"), &p, 1).await.unwrap_err();
     assert_eq!(err.class(), ErrorClass::Busy, "{err:?}");
-    spin.join().unwrap();
+    busy.stop();
     assert!(store.acquire(&key("busy"), &p, 1).await.unwrap().allowed);
 }
 

@@ -140,23 +140,12 @@ async fn busy_server_takes_the_failure_mode() {
         .extra_args(["--busy-reply-threshold", "50"])
         .start();
     let limiter = limiter(&server, FailureMode::Closed).await;
-    let mut conn = server.client().get_connection().unwrap();
-    let spin = std::thread::spawn(move || {
-        let script = "local a = redis.call('TIME') \
-            while true do local b = redis.call('TIME') \
-            if (b[1] - a[1]) * 1000000 + (b[2] - a[2]) > 600000 then return 1 end end";
-        let _: i64 = redis::cmd("EVAL")
-            .arg(script)
-            .arg(0)
-            .query(&mut conn)
-            .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let busy = tollgate_testkit::busy::BusyScript::start(&server.client());
     match timed(&limiter, "b").await {
         Err(Error::Unavailable { source, .. }) => assert_eq!(source.class(), ErrorClass::Busy),
         other => panic!("expected a busy store under Closed, got {other:?}"),
     }
-    spin.join().unwrap();
+    busy.stop();
     recovery(&limiter, "b", Duration::from_secs(5)).await;
 }
 
