@@ -5,6 +5,15 @@ use std::process::{Command, Output};
 
 use tollgate_testkit::server::RedisServer;
 
+/// A `check` of one key under a small token bucket, for tests that add flags to it.
+const CHECK: [&str; 5] = [
+    "check",
+    "--policy",
+    "token-bucket:capacity=10,rate=2",
+    "--key",
+    "user:1",
+];
+
 fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(args)
@@ -147,13 +156,7 @@ fn show_lists_every_entry_and_why_one_is_unreadable() {
 fn a_zero_deadline_or_pool_is_refused() {
     let server = RedisServer::start();
     let url = server.url();
-    let check = [
-        "check",
-        "--policy",
-        "token-bucket:capacity=10,rate=2",
-        "--key",
-        "user:1",
-    ];
+    let check = CHECK;
     for (args, flag) in [
         (vec!["--timeout", "0s"], "--timeout"),
         (vec!["--timeout", "0ms", "--redis", &url], "--timeout"),
@@ -199,13 +202,7 @@ fn a_zero_deadline_or_pool_is_refused() {
 /// runs with none of them; `--timeout` applies to both stores.
 #[test]
 fn redis_flags_without_redis_are_refused() {
-    let check = [
-        "check",
-        "--policy",
-        "token-bucket:capacity=10,rate=2",
-        "--key",
-        "user:1",
-    ];
+    let check = CHECK;
     for args in [
         &["--pool", "4"][..],
         &["--multiplexed"][..],
