@@ -160,32 +160,51 @@ fn parse_duration(name: &str, v: &str) -> Result<Duration, SpecError> {
     humantime::parse_duration(v).map_err(|e| bad(name, v, &e))
 }
 
-/// A rate in tokens per second written as a plain decimal (`0.5`, `2.250`), read exactly from
-/// its text: a whole number of thousandths, or refused. Through a double, a fraction finer than
-/// a thousandth can read as a whole one (`4503599627370.4951` parses to the double of
-/// `4503599627370.495`). `None` for any other form (a sign, an exponent, `inf`), left to
-/// [`Rate::per_second_f64`].
+/// A rate in tokens per second written as a decimal (`0.5`, `2.250`, `+1.5`, `1.5e3`), read
+/// exactly from its text: a whole number of thousandths, or refused. Through a double, a
+/// fraction finer than a thousandth can read as a whole one (`4503599627370.4951` parses to the
+/// double of `4503599627370.495`). `None` for any other form (a minus sign, `inf`, an exponent
+/// beyond ±400), left to [`Rate::per_second_f64`].
 fn decimal_rate(text: &str) -> Option<Result<Rate, PolicyError>> {
-    let (whole, frac) = text.split_once('.')?;
+    let unsigned = text.strip_prefix('+').unwrap_or(text);
+    let (mantissa, exp) = match unsigned.find(['e', 'E']) {
+        Some(at) => (
+            &unsigned[..at],
+            unsigned[at + 1..]
+                .parse::<i32>()
+                .ok()
+                .filter(|e| e.abs() <= 400)?,
+        ),
+        None => (unsigned, 0),
+    };
+    let (whole, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     if (whole.is_empty() && frac.is_empty()) || !digits(whole) || !digits(frac) {
         return None;
     }
     let got = || text.parse::<f64>().unwrap_or(f64::NAN);
-    let (kept, rest) = frac.split_at(frac.len().min(3));
-    if rest.bytes().any(|b| b != b'0') {
-        return Some(Err(PolicyError::NotWholeThousandths {
-            field: "rate",
-            got: got(),
-        }));
-    }
-    // at most 3 digits, padded to thousandths
-    let thousandths = format!("{kept:0<3}").parse::<u64>().unwrap_or(0);
-    let whole = whole.trim_start_matches('0');
-    let milli = match whole.parse::<u64>() {
-        _ if whole.is_empty() => Some(thousandths),
-        Ok(w) => w.checked_mul(1000).and_then(|m| m.checked_add(thousandths)),
-        Err(_) => None,
+    // the value is `all` x 10^(exp - frac.len()): in thousandths, `all` shifted by `shift`
+    let all = format!("{whole}{frac}");
+    let all = all.trim_start_matches('0');
+    let shift = i64::from(exp) + 3 - i64::try_from(frac.len()).ok()?;
+    let kept = if let Ok(cut) = usize::try_from(-shift) {
+        let (head, rest) = all.split_at(all.len().saturating_sub(cut));
+        if rest.bytes().any(|b| b != b'0') {
+            return Some(Err(PolicyError::NotWholeThousandths {
+                field: "rate",
+                got: got(),
+            }));
+        }
+        head.to_owned()
+    } else if all.is_empty() {
+        String::new()
+    } else {
+        format!("{all}{}", "0".repeat(usize::try_from(shift).ok()?))
+    };
+    let milli = if kept.is_empty() {
+        Some(0)
+    } else {
+        kept.parse::<u64>().ok()
     };
     Some(match milli {
         Some(0) => Err(PolicyError::NotPositiveFinite {
@@ -410,6 +429,82 @@ mod tests {
                 Rate::new(milli, Duration::from_secs(1000)),
                 "{text}"
             );
+        }
+    }
+
+    /// A sign or an exponent does not let a rate finer than a thousandth through: before, only
+    /// a plain decimal was read from its text, and `+1.00000000000000001`,
+    /// `+4503599627370.4951` and `4.5035996273704951e12` went through a double, rounded to a
+    /// whole number of thousandths (1/s; 4503599627370.495/s) where the same rate written plainly
+    /// is refused.
+    #[test]
+    fn signed_and_exponent_rates_are_read_exactly_too() {
+        for text in [
+            "+1.00000000000000001",
+            "+4503599627370.4951",
+            "4.5035996273704951e12",
+            "+1000000.0009",
+            "1.0000000009e6",
+            "1.5e-3",
+            "1e-4",
+            "0.00000000000000000000001e-3",
+        ] {
+            let spec = format!("token-bucket:capacity=10,rate={text}");
+            assert!(
+                matches!(
+                    spec.parse::<Policy>(),
+                    Err(SpecError::Policy(PolicyError::NotWholeThousandths {
+                        field: "rate",
+                        ..
+                    }))
+                ),
+                "{spec}: {:?}",
+                spec.parse::<Policy>()
+            );
+        }
+        for (text, milli) in [
+            ("+0.5", 500),
+            ("1e3", 1_000_000),
+            ("1E-3", 1),
+            ("1.5e3", 1_500_000),
+            ("2.5E-1", 250),
+            ("+.5e1", 5_000),
+            ("5.", 5_000),
+            (".5", 500),
+            ("0.0010", 1),
+            ("0.1e1", 1_000),
+            ("4.503599627370495e12", 4_503_599_627_370_495),
+            ("+4503599627370.495000", 4_503_599_627_370_495),
+        ] {
+            let p: Policy = format!("token-bucket:capacity=1,rate={text}")
+                .parse()
+                .unwrap_or_else(|e| panic!("{text}: {e}"));
+            let Algorithm::TokenBucket(tb) = p.algorithm() else {
+                unreachable!()
+            };
+            assert_eq!(
+                tb.refill,
+                Rate::new(milli, Duration::from_secs(1000)),
+                "{text}"
+            );
+        }
+        for text in ["4.503599627370496e12", "1e400", "+99999999999999999999.5"] {
+            let spec = format!("token-bucket:capacity=10,rate={text}");
+            assert!(
+                matches!(
+                    spec.parse::<Policy>(),
+                    Err(SpecError::Policy(PolicyError::TooLarge {
+                        field: "rate",
+                        ..
+                    }))
+                ),
+                "{spec}: {:?}",
+                spec.parse::<Policy>()
+            );
+        }
+        for text in ["0e5", "+0.000", "-1.5", "inf", "1e", "e5"] {
+            let spec = format!("token-bucket:capacity=10,rate={text}");
+            assert!(spec.parse::<Policy>().is_err(), "{spec}");
         }
     }
 
