@@ -186,6 +186,25 @@ impl RedisRegistry {
         Err(RegistryError::Store(error))
     }
 
+    /// Runs a command on the shared connection within the deadline. Every registry command is
+    /// safe to repeat — a read; a publication's compare-and-set, which a repeat finds stored
+    /// (`Unchanged`); an announcement, which a follower acts on twice as once — so one that
+    /// finds its connection dropped (the server closed it while idle, and the close had not
+    /// been heard when the command went out) is sent once more, within the same deadline, on
+    /// the connection the manager makes in its place.
+    async fn call<T, F>(&self, run: impl Fn(ConnectionManager) -> F) -> Result<T, RegistryError>
+    where
+        F: Future<Output = redis::RedisResult<T>>,
+    {
+        self.deadline(async {
+            match run(self.conn()).await {
+                Err(e) if e.is_connection_dropped() => run(self.conn()).await,
+                other => other,
+            }
+        })
+        .await
+    }
+
     /// Publishes `policy` under `name`, atomically: refused if a higher generation is stored
     /// ([`RegistryError::Stale`]) or the same generation holds another policy
     /// ([`RegistryError::Conflict`]); otherwise stored and announced to followers.
@@ -198,8 +217,12 @@ impl RedisRegistry {
             .arg(policy.generation())
             .arg(policy.to_spec())
             .arg(&self.key);
-        let mut conn = self.conn();
-        let reply: Vec<i64> = self.deadline(inv.invoke_async(&mut conn)).await?;
+        let reply: Vec<i64> = self
+            .call(|mut conn| {
+                let inv = &inv;
+                async move { inv.invoke_async(&mut conn).await }
+            })
+            .await?;
         let stored = |i: usize| reply.get(i).map_or(0, |&g| g.unsigned_abs());
         match reply.first() {
             Some(1) if reply.get(2) == Some(&0) => Ok(Published::Unchanged),
@@ -219,10 +242,14 @@ impl RedisRegistry {
     /// The policy published under `name`, if any.
     pub async fn get(&self, name: &str) -> Result<Option<Policy>, RegistryError> {
         check_name(name)?;
-        let mut conn = self.conn();
         let mut cmd = redis::cmd("HGET");
         cmd.arg(&self.key).arg(name);
-        let value: Option<String> = self.deadline(cmd.query_async(&mut conn)).await?;
+        let value: Option<String> = self
+            .call(|mut conn| {
+                let cmd = &cmd;
+                async move { cmd.query_async(&mut conn).await }
+            })
+            .await?;
         value.map(|v| parse_entry(name, &v)).transpose()
     }
 
@@ -232,10 +259,14 @@ impl RedisRegistry {
     pub async fn list(
         &self,
     ) -> Result<Vec<(String, Result<Policy, RegistryError>)>, RegistryError> {
-        let mut conn = self.conn();
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(&self.key);
-        let entries: Vec<(String, String)> = self.deadline(cmd.query_async(&mut conn)).await?;
+        let entries: Vec<(String, String)> = self
+            .call(|mut conn| {
+                let cmd = &cmd;
+                async move { cmd.query_async(&mut conn).await }
+            })
+            .await?;
         let mut out: Vec<_> = entries
             .into_iter()
             .map(|(name, v)| {
@@ -255,10 +286,13 @@ impl RedisRegistry {
     /// how many subscribers received it.
     pub async fn announce_reset(&self, name: &str, key: &str) -> Result<u64, RegistryError> {
         check_name(name)?;
-        let mut conn = self.conn();
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(&self.key).arg(format!("{name}\n{key}"));
-        self.deadline(cmd.query_async(&mut conn)).await
+        self.call(|mut conn| {
+            let cmd = &cmd;
+            async move { cmd.query_async(&mut conn).await }
+        })
+        .await
     }
 
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy

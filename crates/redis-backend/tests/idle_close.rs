@@ -365,3 +365,36 @@ async fn a_subscription_outlives_the_servers_idle_client_timeout() {
     let heard = tokio::time::timeout(REGISTRY_TIMEOUT, sub.next()).await;
     assert_eq!(heard.ok().flatten().as_deref(), Some("api"));
 }
+
+/// A registry call made right as the server closes the registry's idle connection — before
+/// the close is heard — is not failed: every registry call is safe to repeat, so one that
+/// finds its connection dropped is sent once more on the connection made in its place. Before,
+/// such a call failed (`Store(Unavailable { "Redis: I/O error", broken pipe })`), as
+/// `registry_survives_the_servers_idle_client_timeout` did in CI when the server's close and
+/// the call raced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_call_racing_the_servers_close_is_sent_again() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url()).await;
+    reg.publish("api", &policy()).await.unwrap();
+    let mut failures = Vec::new();
+    for round in 0..20 {
+        let killed = tokio::task::block_in_place(|| server.kill_clients());
+        assert!(killed >= 1, "round {round}: killed {killed}");
+        // no wait: the call races the close
+        let out = match round % 4 {
+            0 => reg.get("api").await.map(drop),
+            1 => reg.list().await.map(drop),
+            2 => reg.publish("api", &policy()).await.map(drop),
+            _ => reg.announce_reset("api", "k").await.map(drop),
+        };
+        if let Err(e) = out {
+            failures.push(format!("round {round}: {e:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 20: {failures:?}",
+        failures.len()
+    );
+}
