@@ -163,9 +163,13 @@ fn parse_duration(name: &str, v: &str) -> Result<Duration, SpecError> {
 /// A rate in tokens per second written as a decimal (`0.5`, `2.250`, `+1.5`, `1.5e3`), read
 /// exactly from its text: a whole number of thousandths, or refused. Through a double, a
 /// fraction finer than a thousandth can read as a whole one (`4503599627370.4951` parses to the
-/// double of `4503599627370.495`). `None` for any other form (a minus sign, `inf`, an exponent
-/// beyond ±400), left to [`Rate::per_second_f64`].
+/// double of `4503599627370.495`). `None` for any other form (a minus sign, `inf`, a number
+/// beyond a double's range such as `1e400`), left to [`Rate::per_second_f64`].
 fn decimal_rate(text: &str) -> Option<Result<Rate, PolicyError>> {
+    // beyond a double's range: "not a positive finite number", as before
+    if !text.parse::<f64>().is_ok_and(f64::is_finite) {
+        return None;
+    }
     let unsigned = text.strip_prefix('+').unwrap_or(text);
     let (mantissa, exp) = match unsigned.find(['e', 'E']) {
         Some(at) => (
@@ -488,7 +492,7 @@ mod tests {
                 "{text}"
             );
         }
-        for text in ["4.503599627370496e12", "1e400", "+99999999999999999999.5"] {
+        for text in ["4.503599627370496e12", "1e300", "+99999999999999999999.5"] {
             let spec = format!("token-bucket:capacity=10,rate={text}");
             assert!(
                 matches!(
