@@ -388,6 +388,31 @@ mod tests {
         }
     }
 
+    /// `rate=text` in a token-bucket spec is refused with an error `expected` accepts.
+    fn assert_rate_refused(text: &str, expected: impl Fn(&PolicyError) -> bool) {
+        let spec = format!("token-bucket:capacity=10,rate={text}");
+        let got = spec.parse::<Policy>();
+        assert!(
+            matches!(&got, Err(SpecError::Policy(e)) if expected(e)),
+            "{spec}: {got:?}"
+        );
+    }
+
+    /// `rate=text` in a token-bucket spec reads as `milli` thousandths of a token per second.
+    fn assert_rate_reads_as(text: &str, milli: u64) {
+        let p: Policy = format!("token-bucket:capacity=1,rate={text}")
+            .parse()
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        let Algorithm::TokenBucket(tb) = p.algorithm() else {
+            unreachable!()
+        };
+        assert_eq!(
+            tb.refill,
+            Rate::new(milli, Duration::from_secs(1000)),
+            "{text}"
+        );
+    }
+
     /// A rate written with a fraction finer than a thousandth is refused, read from its text:
     /// it was rounded (through a double whose check allowed a relative error of 1e-9), so
     /// `rate=1000000.0009` ran at 1000000.001 tokens/s, faster than written. Whole thousandths
@@ -402,18 +427,9 @@ mod tests {
             "0.0015",
             "1.00000000000000001",
         ] {
-            let spec = format!("token-bucket:capacity=10,rate={text}");
-            assert!(
-                matches!(
-                    spec.parse::<Policy>(),
-                    Err(SpecError::Policy(PolicyError::NotWholeThousandths {
-                        field: "rate",
-                        ..
-                    }))
-                ),
-                "{spec}: {:?}",
-                spec.parse::<Policy>()
-            );
+            assert_rate_refused(text, |e| {
+                matches!(e, PolicyError::NotWholeThousandths { field: "rate", .. })
+            });
         }
         for (text, milli) in [
             ("0.5", 500),
@@ -422,17 +438,7 @@ mod tests {
             ("1000000.001", 1_000_000_001),
             ("4503599627370.495", 4_503_599_627_370_495),
         ] {
-            let p: Policy = format!("token-bucket:capacity=1,rate={text}")
-                .parse()
-                .unwrap();
-            let Algorithm::TokenBucket(tb) = p.algorithm() else {
-                unreachable!()
-            };
-            assert_eq!(
-                tb.refill,
-                Rate::new(milli, Duration::from_secs(1000)),
-                "{text}"
-            );
+            assert_rate_reads_as(text, milli);
         }
     }
 
@@ -453,18 +459,9 @@ mod tests {
             "1e-4",
             "0.00000000000000000000001e-3",
         ] {
-            let spec = format!("token-bucket:capacity=10,rate={text}");
-            assert!(
-                matches!(
-                    spec.parse::<Policy>(),
-                    Err(SpecError::Policy(PolicyError::NotWholeThousandths {
-                        field: "rate",
-                        ..
-                    }))
-                ),
-                "{spec}: {:?}",
-                spec.parse::<Policy>()
-            );
+            assert_rate_refused(text, |e| {
+                matches!(e, PolicyError::NotWholeThousandths { field: "rate", .. })
+            });
         }
         for (text, milli) in [
             ("+0.5", 500),
@@ -480,31 +477,12 @@ mod tests {
             ("4.503599627370495e12", 4_503_599_627_370_495),
             ("+4503599627370.495000", 4_503_599_627_370_495),
         ] {
-            let p: Policy = format!("token-bucket:capacity=1,rate={text}")
-                .parse()
-                .unwrap_or_else(|e| panic!("{text}: {e}"));
-            let Algorithm::TokenBucket(tb) = p.algorithm() else {
-                unreachable!()
-            };
-            assert_eq!(
-                tb.refill,
-                Rate::new(milli, Duration::from_secs(1000)),
-                "{text}"
-            );
+            assert_rate_reads_as(text, milli);
         }
         for text in ["4.503599627370496e12", "1e300", "+99999999999999999999.5"] {
-            let spec = format!("token-bucket:capacity=10,rate={text}");
-            assert!(
-                matches!(
-                    spec.parse::<Policy>(),
-                    Err(SpecError::Policy(PolicyError::TooLarge {
-                        field: "rate",
-                        ..
-                    }))
-                ),
-                "{spec}: {:?}",
-                spec.parse::<Policy>()
-            );
+            assert_rate_refused(text, |e| {
+                matches!(e, PolicyError::TooLarge { field: "rate", .. })
+            });
         }
         for text in ["0e5", "+0.000", "-1.5", "inf", "1e", "e5"] {
             let spec = format!("token-bucket:capacity=10,rate={text}");
