@@ -504,8 +504,9 @@ impl Bucket {
     /// The bucket as [`Held`] when it is worth lending and `may_take` says its slot would take
     /// it (asked before the bucket's aliveness, which reads its parameters): a compact token
     /// bucket alive at `now_us` that `hot` says is called often, or that holds less than `unit`
-    /// (the caller's units per token; 0 lends nothing) so that a call now is likely denied. For any other bucket the locked path is as quick, and
-    /// a slot taken by a bucket seldom called would only keep it from a hot one.
+    /// (the caller's units per token; 0 lends nothing) so that a call now is likely denied.
+    /// For any other bucket the locked path is as quick, and a slot taken by a bucket seldom
+    /// called would only keep it from a hot one.
     #[inline]
     pub(crate) fn lendable(
         &self,
@@ -627,7 +628,7 @@ impl Bucket {
             Algorithm::TokenBucket(_) => {
                 let Some((id, mut s)) = c.as_token_bucket() else {
                     return if c.code() == MISSING {
-                        Self::fresh_token_bucket(c, table, policy, now, cost, unit, note)
+                        Self::fresh_token_bucket(c, table, policy, now, cost, unit, false, note)
                     } else {
                         None
                     };
@@ -641,11 +642,7 @@ impl Bucket {
                 if !token_bucket_alive(p, s, now / 1000) {
                     // Expired: a missing bucket (a clock stepping back later cannot bring it
                     // back, as with Redis's lazy expiry).
-                    let decision =
-                        Self::fresh_token_bucket(c, table, policy, now, cost, unit, note);
-                    note.hot = hot;
-                    note.maybe |= hot && unit > 0;
-                    return decision;
+                    return Self::fresh_token_bucket(c, table, policy, now, cost, unit, hot, note);
                 }
                 let mut expiry = 0;
                 let decision = decide_token_bucket(held, policy, now, cost, &mut s, &mut expiry)?;
@@ -684,8 +681,10 @@ impl Bucket {
     }
 
     /// The fast path's new token bucket (missing, or expired): full under the caller's
-    /// parameters, then decided; `None` (nothing changed) if it would not be compact.
+    /// parameters, then decided; `None` (nothing changed) if it would not be compact. `hot`:
+    /// what [`Bucket::is_hot`] said of the bucket it replaces (for `note`).
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the fast path's state, passed through registers
     fn fresh_token_bucket(
         c: &mut Compact,
         table: &ParamsTable,
@@ -693,6 +692,7 @@ impl Bucket {
         now: u64,
         cost: u64,
         unit: u64,
+        hot: bool,
         note: &mut LendNote,
     ) -> Option<Decision> {
         if now > MAX_TIME {
@@ -712,7 +712,7 @@ impl Bucket {
         // expiry the record gives: written at its own time).
         out.ttl_micros?;
         *c = Compact::token_bucket(id, s);
-        *note = LendNote::of(false, s.level, unit);
+        *note = LendNote::of(hot, s.level, unit);
         Some(out.decision)
     }
 
