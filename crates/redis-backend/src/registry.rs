@@ -205,6 +205,12 @@ impl RedisRegistry {
         .await
     }
 
+    /// `cmd` on the shared connection, as [`RedisRegistry::call`] runs it.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RegistryError> {
+        self.call(|mut conn| async move { cmd.query_async(&mut conn).await })
+            .await
+    }
+
     /// Publishes `policy` under `name`, atomically: refused if a higher generation is stored
     /// ([`RegistryError::Stale`]) or the same generation holds another policy
     /// ([`RegistryError::Conflict`]); otherwise stored and announced to followers.
@@ -244,12 +250,7 @@ impl RedisRegistry {
         check_name(name)?;
         let mut cmd = redis::cmd("HGET");
         cmd.arg(&self.key).arg(name);
-        let value: Option<String> = self
-            .call(|mut conn| {
-                let cmd = &cmd;
-                async move { cmd.query_async(&mut conn).await }
-            })
-            .await?;
+        let value: Option<String> = self.query(&cmd).await?;
         value.map(|v| parse_entry(name, &v)).transpose()
     }
 
@@ -261,12 +262,7 @@ impl RedisRegistry {
     ) -> Result<Vec<(String, Result<Policy, RegistryError>)>, RegistryError> {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(&self.key);
-        let entries: Vec<(String, String)> = self
-            .call(|mut conn| {
-                let cmd = &cmd;
-                async move { cmd.query_async(&mut conn).await }
-            })
-            .await?;
+        let entries: Vec<(String, String)> = self.query(&cmd).await?;
         let mut out: Vec<_> = entries
             .into_iter()
             .map(|(name, v)| {
@@ -288,11 +284,7 @@ impl RedisRegistry {
         check_name(name)?;
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(&self.key).arg(format!("{name}\n{key}"));
-        self.call(|mut conn| {
-            let cmd = &cmd;
-            async move { cmd.query_async(&mut conn).await }
-        })
-        .await
+        self.query(&cmd).await
     }
 
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy

@@ -698,7 +698,7 @@ impl Limiter {
     /// does before it resets the store: a cached denial (and any in flight) and the degraded
     /// local bucket. For a reset announced by another process
     /// ([`crate::registry::PolicyFollower`]).
-    pub(crate) fn forget_denial(&self, key: &str) {
+    pub(crate) fn forget_reset_key(&self, key: &str) {
         if let Some(cache) = &self.inner.deny_cache {
             cache.remove_encoded(key);
         }

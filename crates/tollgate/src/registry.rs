@@ -148,7 +148,7 @@ impl Follow {
                         Some(Notice::Published(name)) if name == self.name => false,
                         Some(Notice::Reset { name, key }) if name == self.name => {
                             for l in &self.limiters {
-                                l.forget_denial(&key);
+                                l.forget_reset_key(&key);
                             }
                             continue;
                         }
