@@ -639,10 +639,11 @@ impl Limiter {
                         // does not count it (settled above).
                         ErrorClass::Unavailable | ErrorClass::Busy | ErrorClass::Capacity => {
                             self.warn_outage(class, &e, keys.len());
+                            let failure = BatchFailure::new(e);
                             return Ok(keys
                                 .iter()
                                 .map(|key| {
-                                    let outcome = self.fail_over(active, key, cost, same_class(&e));
+                                    let outcome = self.fail_over(active, key, cost, failure.copy());
                                     inner.meters.record(&outcome, started);
                                     outcome
                                 })
@@ -958,8 +959,43 @@ fn breaker_open() -> StoreError {
     }
 }
 
+/// A store error that failed a whole batch, standing for it on each of the batch's requests
+/// ([`BatchFailure::copy`]): the error's cause (its source, which cannot be cloned) is shared,
+/// so each request's error names it as a single call's does.
+struct BatchFailure {
+    /// The error, its source taken out into `cause`.
+    error: StoreError,
+    cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl BatchFailure {
+    fn new(mut error: StoreError) -> Self {
+        let cause = match &mut error {
+            StoreError::Unavailable { source, .. } => source.take().map(Arc::from),
+            _ => None,
+        };
+        Self { error, cause }
+    }
+
+    /// An error of the batch error's class for one request, saying what it says, down to its
+    /// cause.
+    fn copy(&self) -> StoreError {
+        let mut copy = same_class(&self.error);
+        if let (StoreError::Unavailable { source, .. }, Some(cause)) = (&mut copy, &self.cause) {
+            *source = Some(Box::new(SharedCause(Arc::clone(cause))));
+        }
+        copy
+    }
+}
+
+/// A batch error's cause, shared by that error's copies on each request: it reads as the
+/// cause itself (its text and its own sources).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct SharedCause(Arc<dyn std::error::Error + Send + Sync>);
+
 /// An error of `e`'s class standing for it on one request of a batch that failed as a whole,
-/// saying what `e` says (its source, which cannot be cloned, aside).
+/// saying what `e` says (its source aside: [`BatchFailure::copy`] shares it).
 fn same_class(e: &StoreError) -> StoreError {
     match e {
         StoreError::Busy(m) => StoreError::Busy(m.clone()),

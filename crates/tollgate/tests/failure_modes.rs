@@ -492,6 +492,49 @@ async fn a_batch_failing_whole_says_what_a_single_call_says() {
     }
 }
 
+/// Each error of `e`'s source chain, outermost first.
+fn chain(e: &Error) -> Vec<String> {
+    let mut out = vec![e.to_string()];
+    let mut next = std::error::Error::source(e);
+    while let Some(cause) = next {
+        out.push(cause.to_string());
+        next = cause.source();
+    }
+    out
+}
+
+/// A batch that fails as a whole keeps the store error's cause, as a single call does: each
+/// request's error was rebuilt from the message alone, so its source chain stopped at "store
+/// unavailable: Redis: I/O error" where a single call's goes on to Redis's own error (what
+/// the I/O error was: the connection refused, dropped, ...).
+#[tokio::test]
+async fn a_batch_failing_whole_keeps_the_cause_a_single_call_reports() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailureMode::Closed).await;
+    server.kill();
+    // Two failed round trips: below the breaker's threshold (3), so both reach the store.
+    let single = chain(&timed(&limiter, "a").await.unwrap_err());
+    assert!(
+        single.len() >= 3,
+        "the single call names the cause: {single:?}"
+    );
+    let keys: Vec<_> = (0..2)
+        .map(|i| limiter.key([format!("b{i}")]).unwrap())
+        .collect();
+    let batch = limiter.check_many(&keys, 1).await.unwrap();
+    assert_eq!(batch.len(), 2);
+    for result in &batch {
+        let Err(e @ Error::Unavailable { .. }) = result else {
+            panic!("{result:?}")
+        };
+        let each = chain(e);
+        // The cause itself may differ between two round trips (a dropped connection, then a
+        // refused one); that one is named is what a batch lost.
+        assert!(each.len() >= 3, "batch {each:?}, single {single:?}");
+        assert_eq!(each[..2], single[..2], "batch {each:?}, single {single:?}");
+    }
+}
+
 /// A failed reset is a failed store round trip like any other: counted by class in
 /// `tollgate_store_errors_total` (a timeout as `unavailable`), and one the store refuses for a
 /// reason that is not an outage — here an ACL user that may run the scripts but not `DEL` — is
