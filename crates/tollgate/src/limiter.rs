@@ -711,9 +711,14 @@ impl Limiter {
     /// instances do not hear of it; [`crate::registry::PolicyFollower::reset`] tells them too.
     ///
     /// A reset the store cannot answer is [`Error::Unavailable`] (whatever the failure mode:
-    /// there is nothing to fall back to, and the breaker does not count it); one it refuses as
+    /// there is nothing to fall back to, and the breaker does not count it). While the circuit
+    /// breaker is open (or its probe is in flight) the store is not called: the reset fails at
+    /// once, [`Error::Unavailable`] saying the breaker is open, uncounted in the metrics as no
+    /// round trip was made (this limiter's cached denial and degraded bucket are forgotten all
+    /// the same). A reset that comes when the probe is due is the probe: its answer closes the
+    /// breaker, its failure keeps it open for another interval. One the store refuses as
     /// a bug (a script-class error, such as an ACL refusing `DEL`) is [`Error::Store`], logged
-    /// at error level as a decision's would be. Each failure counts once in
+    /// at error level as a decision's would be. Each failed round trip counts once in
     /// `tollgate_store_errors_total`, by class.
     pub async fn reset<I, P>(&self, parts: I) -> Result<(), Error>
     where
@@ -730,12 +735,31 @@ impl Limiter {
             cache.remove(key);
         }
         self.forget_local(key.as_str());
+        let (permit, transition) = inner.breaker.permit();
+        self.report(transition);
+        if permit == Permit::Skip {
+            // The breaker is open: the store is not called, as for a decision (a reset would
+            // wait out its deadline on a store known to be down), and the reset fails now.
+            return Err(Error::Unavailable {
+                operation: inner.operation.clone(),
+                source: breaker_open(),
+            });
+        }
+        let ticket = Ticket::new(self, permit);
         let policy = self.policy();
         let call = inner.store.reset(key, &policy);
         let result = match tokio::time::timeout(inner.timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(inner.timeout)),
         };
+        if permit == Permit::Probe {
+            // The breaker's probe settles it; any other reset is not counted.
+            ticket.settle(
+                result
+                    .as_ref()
+                    .map_or_else(|e| !is_outage(e.class()), |()| true),
+            );
+        }
         if let Some(cache) = &inner.deny_cache {
             // Again once the store has forgotten the bucket: a request sent during the reset's
             // round trip read the epoch bumped above and may have met the bucket before it went.

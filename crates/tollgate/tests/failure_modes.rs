@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use common::limiter_with_breaker;
 use tollgate::redis::RedisStore;
 use tollgate::{
-    BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, LocalStore, ManualClock,
-    Policy, Rate,
+    BreakerConfig, BreakerState, Enforcement, Error, ErrorClass, FailureMode, Limiter, LocalStore,
+    ManualClock, Policy, Rate,
 };
 use tollgate_testkit::proxy::FaultProxy;
 use tollgate_testkit::server::RedisServer;
@@ -533,6 +533,83 @@ async fn a_batch_failing_whole_keeps_the_cause_a_single_call_reports() {
         assert!(each.len() >= 3, "batch {each:?}, single {single:?}");
         assert_eq!(each[..2], single[..2], "batch {each:?}, single {single:?}");
     }
+}
+
+/// A fail-closed limiter on `server` whose breaker opens at the first failure and probes
+/// after `probe_interval`; `deadline` bounds each call.
+async fn one_strike_limiter(
+    server: &RedisServer,
+    probe_interval: Duration,
+    deadline: Duration,
+) -> Limiter {
+    let store = RedisStore::builder(server.url())
+        .timeout(deadline)
+        .build()
+        .await
+        .expect("store");
+    Limiter::builder("strike", policy())
+        .store(Arc::new(store))
+        .failure_mode(FailureMode::Closed)
+        .timeout(deadline)
+        .breaker(BreakerConfig {
+            failure_threshold: 1,
+            probe_interval,
+        })
+        .build()
+        .unwrap()
+}
+
+/// While the breaker is open, a reset fails at once with `Error::Unavailable` (saying the
+/// breaker is open), as a decision takes its failure mode at once: it never reaches the store.
+/// It called the store regardless, and against a hung Redis each reset waited out the whole
+/// deadline the breaker exists to spare callers.
+#[tokio::test]
+async fn an_open_breaker_fails_a_reset_at_once() {
+    const SLOW: Duration = Duration::from_secs(1);
+    let mut server = RedisServer::start();
+    let limiter = one_strike_limiter(&server, Duration::from_secs(3600), SLOW).await;
+    assert!(limiter.check(["r"], 1).await.unwrap().allowed);
+    server.pause();
+    let down = limiter.check(["r"], 1).await;
+    assert!(matches!(down, Err(Error::Unavailable { .. })), "{down:?}");
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let reset = limiter.reset(["r"]).await;
+        let took = started.elapsed();
+        assert!(
+            took < SLOW,
+            "the reset waited {took:?} on a store the open breaker knows is down: {reset:?}"
+        );
+        let Err(Error::Unavailable { source, .. }) = &reset else {
+            panic!("a reset the store cannot take is an error, never dropped: {reset:?}")
+        };
+        assert_eq!(source.class(), ErrorClass::Unavailable, "{source}");
+        assert!(
+            source.to_string().contains("circuit breaker open"),
+            "{source}"
+        );
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    server.resume();
+}
+
+/// A reset that comes when the breaker's probe is due is that probe: the store answers it, the
+/// breaker closes (shared enforcement for everyone) and the bucket is fresh.
+#[tokio::test]
+async fn a_reset_due_as_the_probe_closes_the_breaker() {
+    let mut server = RedisServer::start();
+    let limiter = one_strike_limiter(&server, Duration::ZERO, DEADLINE).await;
+    assert!(limiter.check(["p"], 20).await.unwrap().allowed);
+    server.pause();
+    let down = limiter.check(["p"], 1).await;
+    assert!(matches!(down, Err(Error::Unavailable { .. })), "{down:?}");
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    server.resume();
+    limiter.reset(["p"]).await.unwrap();
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    let d = limiter.check(["p"], 20).await.unwrap();
+    assert!(d.allowed && d.enforcement == Enforcement::Shared, "{d:?}");
 }
 
 /// A failed reset is a failed store round trip like any other: counted by class in
