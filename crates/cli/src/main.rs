@@ -6,6 +6,8 @@ mod load;
 mod policy;
 mod serve;
 
+use std::io::Write as _;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -196,7 +198,56 @@ async fn check(args: CheckArgs) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+/// Prints `error` on standard error: its message, then each cause whose text the message
+/// before it does not already hold. The library's errors name their cause in their own
+/// message too ("invalid request: cost 11 exceeds …" caused by "cost 11 exceeds …"), which
+/// anyhow's report printed twice.
+fn report(error: &anyhow::Error) {
+    use std::fmt::Write as _;
+    let mut text = format!("Error: {error}\n");
+    let mut shown = error.to_string();
+    let causes: Vec<String> = error
+        .chain()
+        .skip(1)
+        .map(ToString::to_string)
+        .filter(|cause| {
+            let repeated = shown.contains(cause.as_str());
+            shown.clone_from(cause);
+            !repeated
+        })
+        .collect();
+    // writing to a String cannot fail
+    match causes.as_slice() {
+        [] => {}
+        [one] => {
+            let _ = write!(text, "\nCaused by:\n    {one}\n");
+        }
+        many => {
+            text.push_str("\nCaused by:\n");
+            for (i, cause) in many.iter().enumerate() {
+                let _ = writeln!(text, "    {i}: {cause}");
+            }
+        }
+    }
+    let backtrace = error.backtrace();
+    if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+        let _ = write!(text, "\nStack backtrace:\n{backtrace}\n");
+    }
+    // nowhere left to report a failure to write the report
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Command::Load(load::LoadArgs {
