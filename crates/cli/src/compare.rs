@@ -372,7 +372,7 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
             .policy
             .as_ref()
             .context("--print-script needs --policy")?;
-        print!("{}", scripts::for_policy(policy).source());
+        crate::write_stdout(format_args!("{}", scripts::for_policy(policy).source()))?;
         return Ok(());
     }
     if args.print_arg {
@@ -381,7 +381,7 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
         let arg = scripts::args(policy, args.cost, true);
         let text = mp_notation(arg.as_bytes())
             .with_context(|| format!("the store's argument is not integers: {arg:?}"))?;
-        println!("{text}");
+        crate::outln!("{text}")?;
         return Ok(());
     }
     let url = args.redis.as_deref().context("give --redis")?;
@@ -426,12 +426,15 @@ pub(crate) async fn ceiling(args: CeilingArgs) -> Result<()> {
             "keys": args.keys,
             "requests_per_sec": rps,
         });
-        println!("{out}");
+        crate::outln!("{out}")?;
     } else {
-        println!(
+        crate::outln!(
             "{script}: EVALSHA -c {} -P {} -n {} -r {}: {rps:.0} requests/s",
-            args.clients, args.pipeline, args.requests, args.keys
-        );
+            args.clients,
+            args.pipeline,
+            args.requests,
+            args.keys
+        )?;
     }
     Ok(())
 }

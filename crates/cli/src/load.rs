@@ -696,9 +696,9 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         .await?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&summary)?)?;
     } else {
-        print_human(&summary);
+        print_human(&summary)?;
     }
     Ok(())
 }
@@ -723,44 +723,66 @@ fn progress_bar(total: u64, json: bool) -> Option<ProgressBar> {
     Some(bar)
 }
 
-fn print_human(s: &Summary) {
-    println!(
+fn print_human(s: &Summary) -> Result<()> {
+    crate::outln!(
         "store       {} ({} instance(s) x {} task(s), {} key(s), cost {}; {} runtime thread(s))",
-        s.store, s.instances, s.tasks_per_instance, s.keys, s.cost, s.runtime_threads
-    );
-    println!("policy      {}", s.policy);
-    println!("elapsed     {:.3} s", s.elapsed_secs);
-    println!(
+        s.store,
+        s.instances,
+        s.tasks_per_instance,
+        s.keys,
+        s.cost,
+        s.runtime_threads
+    )?;
+    crate::outln!("policy      {}", s.policy)?;
+    crate::outln!("elapsed     {:.3} s", s.elapsed_secs)?;
+    crate::outln!(
         "requests    {} (allowed {}, denied {}, errors {})",
-        s.requests, s.allowed, s.denied, s.errors
-    );
+        s.requests,
+        s.allowed,
+        s.denied,
+        s.errors
+    )?;
     let e = &s.by_enforcement;
-    println!(
+    crate::outln!(
         "enforcement shared {}, degraded {}, bypassed {}; unavailable {}, other errors {} (--fail-mode {})",
-        e.shared, e.degraded, e.bypassed, e.unavailable, e.other_errors, s.fail_mode
-    );
+        e.shared,
+        e.degraded,
+        e.bypassed,
+        e.unavailable,
+        e.other_errors,
+        s.fail_mode
+    )?;
     if s.timeline
         .iter()
         .any(|t| t.degraded + t.bypassed + t.unavailable + t.other_errors > 0)
     {
-        println!("timeline    (the store did not answer every call: per second)");
-        println!("      from s     shared   degraded   bypassed unavailable     errors");
+        crate::outln!("timeline    (the store did not answer every call: per second)")?;
+        crate::outln!("      from s     shared   degraded   bypassed unavailable     errors")?;
         for t in &s.timeline {
-            println!(
+            crate::outln!(
                 "    {:8.0} {:10} {:10} {:10} {:11} {:10}",
-                t.from_secs, t.shared, t.degraded, t.bypassed, t.unavailable, t.other_errors
-            );
+                t.from_secs,
+                t.shared,
+                t.degraded,
+                t.bypassed,
+                t.unavailable,
+                t.other_errors
+            )?;
         }
     }
-    println!(
+    crate::outln!(
         "throughput  {:.0} decisions/s (answered only: {} error(s) not counted)",
-        s.decisions_per_sec, s.errors
-    );
-    println!(
+        s.decisions_per_sec,
+        s.errors
+    )?;
+    crate::outln!(
         "latency     p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
-        s.latency_us.p50, s.latency_us.p99, s.latency_us.p999, s.latency_us.max
-    );
-    println!(
+        s.latency_us.p50,
+        s.latency_us.p99,
+        s.latency_us.p999,
+        s.latency_us.max
+    )?;
+    crate::outln!(
         "admitted    {} cost units; one shared quota allows at most {} over the run{}",
         s.admitted_cost,
         s.quota_bound_per_store,
@@ -773,16 +795,20 @@ fn print_human(s: &Summary) {
         } else {
             String::new()
         }
-    );
+    )?;
     if let Some(e) = &s.first_error {
-        println!("first error {e}");
+        crate::outln!("first error {e}")?;
     }
     for c in &s.redis_benchmark {
-        println!(
+        crate::outln!(
             "ceiling     bare EVALSHA, same script -c {} -P {}: {:.0} req/s; tollgate/ceiling = {:.2}",
-            c.clients, c.pipeline, c.requests_per_sec, c.tollgate_ratio
-        );
+            c.clients,
+            c.pipeline,
+            c.requests_per_sec,
+            c.tollgate_ratio
+        )?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

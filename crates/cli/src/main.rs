@@ -16,6 +16,30 @@ use clap::{Args, Parser, Subcommand};
 use tollgate::redis::redact_url;
 use tollgate::{FailureMode, Key, Limiter, LocalStore, Policy, Store};
 
+/// Writes one line to standard output: [`write_stdout`] with a newline.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use outln;
+
+/// Standard output's reader went away (`tollgate load ... | head -1`): the command stops
+/// writing and exits quietly, as `ls | head` does, instead of panicking in `println!`.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output was closed by its reader")]
+pub(crate) struct StdoutClosed;
+
+/// Writes to standard output, flushed. A reader that has closed the pipe is [`StdoutClosed`];
+/// any other failure is an error like any other.
+pub(crate) fn write_stdout(text: std::fmt::Arguments<'_>) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_fmt(text).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        result => result.context("writing to standard output"),
+    }
+}
+
 /// One rate-limit quota across every instance of a service.
 #[derive(Parser, Debug)]
 #[command(name = "tollgate", version, about)]
@@ -194,8 +218,7 @@ async fn check(args: CheckArgs) -> Result<()> {
     out["key"] = key.as_str().into();
     out["policy"] = args.policy.to_spec().into();
     out["store"] = args.store.label().into();
-    println!("{}", serde_json::to_string_pretty(&out)?);
-    Ok(())
+    outln!("{}", serde_json::to_string_pretty(&out)?)
 }
 
 /// Prints `error` on standard error: its message, then each cause whose text the message
@@ -240,6 +263,8 @@ fn report(error: &anyhow::Error) {
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
+        // the reader has what it wanted: nothing to report
+        Err(e) if e.chain().any(<dyn std::error::Error>::is::<StdoutClosed>) => ExitCode::SUCCESS,
         Err(e) => {
             report(&e);
             ExitCode::FAILURE

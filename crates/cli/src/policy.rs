@@ -90,7 +90,7 @@ pub(crate) async fn run(args: PolicyArgs) -> Result<()> {
                 .with_context(|| format!("publishing {}", a.name))?;
             let mut out = entry(&a.name, &a.policy);
             out["published"] = (outcome == Published::Stored).into();
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         }
         PolicyCommand::Show(a) => {
             let registry = a.registry.connect().await?;
@@ -112,7 +112,7 @@ pub(crate) async fn run(args: PolicyArgs) -> Result<()> {
                     })
                     .collect(),
             };
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         }
     }
     Ok(())

@@ -43,8 +43,7 @@ pub(crate) struct ServeArgs {
 
 pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     if args.print_config {
-        print!("{BUILTIN_POLICY_FILE}");
-        return Ok(());
+        return crate::write_stdout(format_args!("{BUILTIN_POLICY_FILE}"));
     }
     init_tracing();
     let file = match &args.config {
@@ -98,10 +97,18 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    // Tests and scripts read this first line for the address.
-    println!("listening on http://{addr} (store: {})", args.store.label());
-    for route in &file.routes {
-        println!("  {}", describe(route));
+    // Tests and scripts read this first line for the address. A reader that has gone
+    // (`serve | head -1`) does not stop the server: the banner is only for it.
+    let banner = crate::outln!("listening on http://{addr} (store: {})", args.store.label())
+        .and_then(|()| {
+            file.routes
+                .iter()
+                .try_for_each(|route| crate::outln!("  {}", describe(route)))
+        });
+    if let Err(error) = banner
+        && !error.is::<crate::StdoutClosed>()
+    {
+        return Err(error);
     }
     let (signalled, on_signal) = tokio::sync::oneshot::channel();
     let server = axum::serve(
