@@ -56,6 +56,18 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
                 .context("invalid policy file")?
         }
     };
+    // A file without a route would serve the index page alone and limit nothing, silently:
+    // the file is there to rate-limit routes, so one without any is a mistake.
+    if file.routes.is_empty() {
+        let path = args
+            .config
+            .as_deref()
+            .unwrap_or(std::path::Path::new("<built-in>"));
+        anyhow::bail!(
+            "invalid policy file: {} has no [[route]]: nothing would be rate-limited",
+            path.display()
+        );
+    }
     // The store's own deadline must not cut a route's longer one: each limiter keeps its
     // route's (or --timeout), the store gets the longest of them.
     let mut store_args = args.store.clone();

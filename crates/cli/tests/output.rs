@@ -174,3 +174,31 @@ fn serve_keeps_serving_when_its_stdout_reader_has_gone() {
     }
     assert!(still_running, "serve exited after answering");
 }
+
+/// A policy file without any `[[route]]` (an empty file, or settings alone) started a server
+/// that limited nothing, silently. It is refused, naming the file and why.
+#[test]
+fn serve_refuses_a_policy_file_without_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        ("empty.toml", ""),
+        ("settings.toml", "legacy_headers = true\n"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = run_bounded(
+            tollgate()
+                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+                .arg(&path)
+                .stdout(Stdio::piped()),
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|| panic!("{name}: serve started with no route, limiting nothing"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&path.display().to_string()) && stderr.contains("no [[route]]"),
+            "{name}: {stderr}"
+        );
+    }
+}
