@@ -142,6 +142,10 @@ impl RedisStore {
     /// follows the promoted replica by itself. The promoted replica's empty script cache is
     /// absorbed like any `NOSCRIPT`.
     ///
+    /// The sentinels are asked side by side and the first that names a server answering `ROLE`
+    /// as master is followed, so one that is down or hangs (a frozen process, a host that drops
+    /// packets) does not hold up the others.
+    ///
     /// Until the sentinels have promoted a replica, calls fail as
     /// [`StoreError::Unavailable`]; bucket state the old primary had not yet replicated is lost
     /// (Redis replication is asynchronous). [`multiplexed`](RedisStoreBuilder::multiplexed)
@@ -459,17 +463,24 @@ impl RedisStoreBuilder {
                         )),
                     ));
                 }
-                let urls: Vec<&str> = sentinels.0.iter().map(String::as_str).collect();
-                // The primary's credentials and database, for every primary the sentinels name.
-                let client = SentinelClient::build(
-                    urls,
-                    master.clone(),
-                    Some(primary.node_connection_info()),
-                    SentinelServerType::Master,
-                )
-                .map_err(|e| invalid("Sentinel configuration", e))?;
+                // One client per sentinel, so that they are asked side by side and a sentinel
+                // that hangs is not waited for (see `SentinelConn`); each with the primary's
+                // credentials and database, for every primary the sentinels name.
+                let clients = sentinels
+                    .0
+                    .iter()
+                    .map(|url| {
+                        SentinelClient::build(
+                            vec![url.as_str()],
+                            master.clone(),
+                            Some(primary.node_connection_info()),
+                            SentinelServerType::Master,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| invalid("Sentinel configuration", e))?;
                 Ok(Conn::Sentinel(Arc::new(SentinelConn::new(
-                    client,
+                    clients,
                     self.connect_timeout,
                 ))))
             }

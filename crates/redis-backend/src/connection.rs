@@ -668,9 +668,11 @@ impl bb8::ManageConnection for PoolManager {
 /// have been failed over from; a caller that gave up sooner, or a primary that is only slow,
 /// says nothing of the connection). A failed call is never resent, so a decision is
 /// applied at most once. Only one resolution runs at a time; it runs on its own task, so a
-/// caller's deadline cannot abandon it half done.
+/// caller's deadline cannot abandon it half done. It asks every sentinel at once
+/// ([`first_primary`]).
 pub(crate) struct SentinelConn {
-    client: Arc<tokio::sync::Mutex<SentinelClient>>,
+    /// One client per sentinel.
+    clients: Arc<tokio::sync::Mutex<Vec<SentinelClient>>>,
     current: Arc<Mutex<Current>>,
     config: AsyncConnectionConfig,
     resolve_timeout: Duration,
@@ -688,9 +690,9 @@ struct Current {
 impl SentinelConn {
     /// `resolve_timeout` bounds one resolution (sentinel queries, the primary's role check and
     /// the connect).
-    pub(crate) fn new(client: SentinelClient, resolve_timeout: Duration) -> Self {
+    pub(crate) fn new(clients: Vec<SentinelClient>, resolve_timeout: Duration) -> Self {
         Self {
-            client: Arc::new(tokio::sync::Mutex::new(client)),
+            clients: Arc::new(tokio::sync::Mutex::new(clients)),
             current: Arc::new(Mutex::new(Current::default())),
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(resolve_timeout))
@@ -741,7 +743,7 @@ impl SentinelConn {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
-        let client = Arc::clone(&self.client).lock_owned().await;
+        let clients = Arc::clone(&self.clients).lock_owned().await;
         if let Some(c) = self.cached() {
             return Ok(c);
         }
@@ -751,10 +753,10 @@ impl SentinelConn {
             self.resolve_timeout,
         );
         let resolve = tokio::spawn(async move {
-            let mut client = client;
+            let mut clients = clients;
             let health = Arc::default();
             let connect = async {
-                let primary = client.async_get_client().await?;
+                let primary = first_primary(&mut clients).await?;
                 let config = watching_close(config, &primary, &health);
                 primary
                     .get_multiplexed_async_connection_with_config(&config)
@@ -826,6 +828,28 @@ impl SentinelConn {
         }
         result
     }
+}
+
+/// Asks every sentinel at once for the primary (each lookup checks that the server its
+/// sentinel names answers `ROLE` as master) and takes the first found. A sentinel that is down
+/// fails its lookup at once; one that hangs (a frozen process, a host that drops packets) only
+/// after redis-rs's own timeouts, about a second: asked in order, every resolution waited for it
+/// and, within a connect timeout of a second or less, never got to the next sentinel. Without a
+/// primary from any of them, the last error.
+async fn first_primary(sentinels: &mut [SentinelClient]) -> RedisResult<redis::Client> {
+    use futures_util::StreamExt as _;
+    let mut lookups: futures_util::stream::FuturesUnordered<_> = sentinels
+        .iter_mut()
+        .map(SentinelClient::async_get_client)
+        .collect();
+    let mut last = None;
+    while let Some(lookup) = lookups.next().await {
+        match lookup {
+            Ok(primary) => return Ok(primary),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| RedisError::from((ErrorKind::EmptySentinelList, "no sentinels"))))
 }
 
 /// Drops the connection of `generation`, unless a newer one replaced it.
