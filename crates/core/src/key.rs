@@ -147,6 +147,7 @@ impl PartialEq for Key {
 
 /// Hashes the encoded string, as the derived implementation did (consistent with `Eq`).
 impl std::hash::Hash for Key {
+    #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.0.hash(state);
     }

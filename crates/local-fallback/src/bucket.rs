@@ -83,6 +83,7 @@ impl ParamsTable {
         }
     }
 
+    #[inline]
     fn get(&self, id: u8) -> &Governing {
         self.entries[usize::from(id)]
             .get()
@@ -290,10 +291,11 @@ enum Slot {
 
 /// The fast path's decision on an alive token bucket holding `s`, written under `held`: what
 /// [`algorithm::apply`] decides when `policy` lets the stored parameters govern as they are and
-/// the cost fits them, with `s` and `expiry` then the state written and the expiry it gets
-/// (both unchanged when nothing is written); `None` elsewhere, or when the state written would
-/// not be compact (the clock behind the bucket leaving an expiry the record does not give, a
-/// time past [`MAX_TIME`]), and then nothing is changed.
+/// the cost fits them, with `s` and `ttl` then the state written and the TTL it gets (both
+/// unchanged when nothing is written; the expiry is [`expires_at_ms`]`(now, ttl)`, computed by
+/// a caller that keeps it); `None` elsewhere, or when the state written would not be compact
+/// (the clock behind the bucket leaving an expiry the record does not give, a time past
+/// [`MAX_TIME`]), and then nothing is changed.
 #[allow(clippy::inline_always)] // on every call of a hot key, lent or not
 #[inline(always)]
 fn decide_token_bucket(
@@ -302,7 +304,7 @@ fn decide_token_bucket(
     now: u64,
     cost: u64,
     s: &mut TokenBucketState,
-    expiry: &mut u64,
+    ttl: &mut Option<u64>,
 ) -> Option<Decision> {
     let Algorithm::TokenBucket(p) = &held.params else {
         return None;
@@ -312,16 +314,17 @@ fn decide_token_bucket(
     }
     let mut next = *s;
     let out = token_bucket::apply_in_place(&mut next, p, now, cost, true);
-    if let Some(ttl) = out.ttl_micros {
-        let written = expires_at_ms(now, ttl);
+    if let Some(written) = out.ttl_micros {
         // Written with the clock behind the bucket, the expiry may not be the one the record
         // gives, and past `MAX_TIME` the time does not fit: the general path boxes such a
-        // record.
-        if next.updated > MAX_TIME || (now < s.updated && token_bucket_expiry(p, next) != written) {
+        // record. (The expiry is computed only then: the fast path does not keep it.)
+        if next.updated > MAX_TIME
+            || (now < s.updated && token_bucket_expiry(p, next) != expires_at_ms(now, written))
+        {
             return None;
         }
         *s = next;
-        *expiry = written;
+        *ttl = Some(written);
     }
     Some(out.decision)
 }
@@ -451,7 +454,8 @@ impl Bucket {
     /// call ([`Bucket::lendable`] to `unit`, the caller's units per token): the fast path
     /// knows it from the state it has decoded anyway, so a call that lends nothing — most
     /// calls over many keys — does not decode the bucket again.
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn apply_noting(
         &mut self,
         table: &ParamsTable,
@@ -575,15 +579,8 @@ impl Bucket {
         if now_us / 1000 > p.expires_at_ms {
             return None;
         }
-        let (mut state, mut expiry) = (p.state, p.expires_at_ms);
-        let d = decide_token_bucket(
-            table.get(p.id),
-            policy,
-            now_us,
-            cost,
-            &mut state,
-            &mut expiry,
-        )?;
+        let (mut state, mut ttl) = (p.state, None);
+        let d = decide_token_bucket(table.get(p.id), policy, now_us, cost, &mut state, &mut ttl)?;
         // An admission on a bucket not written for `COLD_US`: the locked path decides it again
         // and keeps the bucket (a denial stays here: it writes nothing, so a bucket denied
         // without end is cold by its time however often it is called).
@@ -593,7 +590,7 @@ impl Bucket {
         let after = Held {
             id: p.id,
             state,
-            expires_at_ms: expiry,
+            expires_at_ms: ttl.map_or(p.expires_at_ms, |ttl| expires_at_ms(now_us, ttl)),
         };
         Some((d, (after != p).then_some(after)))
     }
@@ -644,8 +641,7 @@ impl Bucket {
                     // back, as with Redis's lazy expiry).
                     return Self::fresh_token_bucket(c, table, policy, now, cost, unit, hot, note);
                 }
-                let mut expiry = 0;
-                let decision = decide_token_bucket(held, policy, now, cost, &mut s, &mut expiry)?;
+                let decision = decide_token_bucket(held, policy, now, cost, &mut s, &mut None)?;
                 *c = Compact::token_bucket(id, s);
                 *note = LendNote::of(hot, s.level, unit);
                 Some(decision)

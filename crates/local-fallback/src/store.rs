@@ -134,10 +134,19 @@ impl Drop for Lending<'_> {
     #[allow(clippy::inline_always)] // on every call under the lock of a key with a slot
     #[inline(always)]
     fn drop(&mut self) {
-        // Most calls over many keys stop here: the key's slot is not even computed.
-        if self.note.maybe
-            && let Some(slot_key) = SlotKey::new(self.key.as_str().as_bytes())
-        {
+        // Most calls over many keys stop here: the key's slot is not even computed. (The rest
+        // is out of line, so that this test is inlined where the guard drops.)
+        if self.note.maybe {
+            self.lend();
+        }
+    }
+}
+
+impl Lending<'_> {
+    /// Lends the bucket if it is worth it: the part of the drop for a bucket that may be.
+    #[inline(never)]
+    fn lend(&mut self) {
+        if let Some(slot_key) = SlotKey::new(self.key.as_str().as_bytes()) {
             lend_if_worth(
                 self.lent,
                 self.params,
