@@ -670,12 +670,23 @@ impl bb8::ManageConnection for PoolManager {
 /// applied at most once. Only one resolution runs at a time; it runs on its own task, so a
 /// caller's deadline cannot abandon it half done. It asks every sentinel at once
 /// ([`first_primary`]).
+///
+/// A primary deposed while it stays up (`SENTINEL FAILOVER`, or a primary cut off and back)
+/// keeps answering as master, and would keep this connection, until the sentinels convert it
+/// to a replica some 10 s later; what it decides meanwhile is lost when it resyncs, while
+/// other instances decide on the promoted replica. So each sentinel is watched on a task of
+/// its own ([`watch_switches`]): its `+switch-master` announcements, and its answer to
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME` each time the watch (re)subscribes, drop the connection
+/// when they name another server for the master ([`depose`]); the next call resolves afresh.
+/// Nothing is resent and no call waits on a watch. The watches end when this is dropped.
 pub(crate) struct SentinelConn {
     /// One client per sentinel.
     clients: Arc<tokio::sync::Mutex<Vec<SentinelClient>>>,
     current: Arc<Mutex<Current>>,
     config: AsyncConnectionConfig,
     resolve_timeout: Duration,
+    /// The sentinel watches ([`watch_switches`]), aborted on drop.
+    watches: Vec<tokio::task::AbortHandle>,
 }
 
 #[derive(Default)]
@@ -683,21 +694,55 @@ struct Current {
     /// Bumped at every resolution, so a stale failure cannot drop a newer connection.
     generation: u64,
     conn: Option<MultiplexedConnection>,
+    /// The current connection's server (host and port, as the sentinels name it).
+    addr: Option<(String, u16)>,
     /// The current connection's.
     health: Arc<Health>,
 }
 
+impl Drop for SentinelConn {
+    fn drop(&mut self) {
+        for watch in &self.watches {
+            watch.abort();
+        }
+    }
+}
+
 impl SentinelConn {
     /// `resolve_timeout` bounds one resolution (sentinel queries, the primary's role check and
-    /// the connect).
-    pub(crate) fn new(clients: Vec<SentinelClient>, resolve_timeout: Duration) -> Self {
+    /// the connect), and each step of a sentinel watch. `watched` holds one client per
+    /// sentinel (over RESP3, which lets a subscribed connection also run commands), watched
+    /// for failovers of `master` ([`watch_switches`]) on the current runtime; none outside one.
+    pub(crate) fn new(
+        clients: Vec<SentinelClient>,
+        master: &str,
+        watched: Vec<redis::Client>,
+        resolve_timeout: Duration,
+    ) -> Self {
+        let current = Arc::new(Mutex::new(Current::default()));
+        let watches = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => watched
+                .into_iter()
+                .map(|sentinel| {
+                    let watch = watch_switches(
+                        sentinel,
+                        master.to_owned(),
+                        Arc::downgrade(&current),
+                        resolve_timeout,
+                    );
+                    runtime.spawn(watch).abort_handle()
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         Self {
             clients: Arc::new(tokio::sync::Mutex::new(clients)),
-            current: Arc::new(Mutex::new(Current::default())),
+            current,
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(resolve_timeout))
                 .set_response_timeout(None),
             resolve_timeout,
+            watches,
         }
     }
 
@@ -758,16 +803,19 @@ impl SentinelConn {
             let connect = async {
                 let primary = first_primary(&mut clients).await?;
                 let config = watching_close(config, &primary, &health);
+                let addr = host_port(primary.get_connection_info().addr());
                 primary
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
+                    .map(|conn| (conn, addr))
             };
-            let conn = tokio::time::timeout(limit, connect)
+            let (conn, addr) = tokio::time::timeout(limit, connect)
                 .await
                 .map_err(|_| timed_out("resolving the primary through Sentinel"))??;
             let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
             current.generation += 1;
             current.conn = Some(conn.clone());
+            current.addr = addr;
             current.health = health;
             Ok((current.generation, conn, Arc::clone(&current.health)))
         });
@@ -850,6 +898,136 @@ async fn first_primary(sentinels: &mut [SentinelClient]) -> RedisResult<redis::C
         }
     }
     Err(last.unwrap_or_else(|| RedisError::from((ErrorKind::EmptySentinelList, "no sentinels"))))
+}
+
+/// The channel on which a sentinel announces a failover's outcome:
+/// `<master name> <old ip> <old port> <new ip> <new port>`.
+const SWITCH_MASTER: &str = "+switch-master";
+
+/// How often a sentinel watch checks with a `PING` that its sentinel still answers (a
+/// connection whose peer vanished without a reset says nothing otherwise).
+const WATCH_PING_EVERY: Duration = Duration::from_secs(5);
+
+/// The longest wait before a sentinel watch connects again after losing its sentinel.
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Watches one sentinel for failovers of `master` until `current` is gone: subscribes to
+/// [`SWITCH_MASTER`], then asks `SENTINEL GET-MASTER-ADDR-BY-NAME` (a switch announced while
+/// the watch was not subscribed), and [`depose`]s the current connection whenever either names
+/// another server. Each step is bounded by `limit`, and a sentinel that stops answering a
+/// `PING` every [`WATCH_PING_EVERY`] is connected to afresh, after a back-off that doubles up
+/// to [`WATCH_RETRY_MAX`]. One task per sentinel, so a sentinel that is down or hangs holds up
+/// only its own watch.
+async fn watch_switches(
+    sentinel: redis::Client,
+    master: String,
+    current: std::sync::Weak<Mutex<Current>>,
+    limit: Duration,
+) {
+    let mut retry = Duration::from_millis(100);
+    while current.strong_count() > 0 {
+        let subscribed = watch_once(&sentinel, &master, &current, limit).await;
+        retry = if subscribed {
+            Duration::from_millis(100)
+        } else {
+            (retry * 2).min(WATCH_RETRY_MAX)
+        };
+        tokio::time::sleep(retry).await;
+    }
+}
+
+/// One connection's worth of [`watch_switches`]: whether it got as far as subscribing.
+async fn watch_once(
+    sentinel: &redis::Client,
+    master: &str,
+    current: &std::sync::Weak<Mutex<Current>>,
+    limit: Duration,
+) -> bool {
+    let (pushes, mut pushed) = tokio::sync::mpsc::unbounded_channel();
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(limit))
+        .set_response_timeout(None)
+        .set_push_sender(pushes);
+    let subscribe = async {
+        let mut conn = sentinel
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        conn.subscribe(SWITCH_MASTER).await?;
+        Ok::<_, RedisError>(conn)
+    };
+    let Ok(Ok(mut conn)) = tokio::time::timeout(limit, subscribe).await else {
+        return false;
+    };
+    let mut ask = redis::cmd("SENTINEL");
+    ask.arg("GET-MASTER-ADDR-BY-NAME").arg(master);
+    match tokio::time::timeout(limit, ask.query_async::<Option<(String, u16)>>(&mut conn)).await {
+        Ok(Ok(Some(primary))) => depose(current, &primary),
+        Ok(Ok(None)) => {}
+        _ => return true,
+    }
+    let mut ping_at = tokio::time::Instant::now() + WATCH_PING_EVERY;
+    loop {
+        tokio::select! {
+            push = pushed.recv() => match push {
+                Some(push) if push.kind == redis::PushKind::Message => {
+                    if let Some(primary) = switched_to(&push.data, master) {
+                        depose(current, &primary);
+                    }
+                }
+                Some(push) if push.kind != redis::PushKind::Disconnection => {}
+                _ => return true,
+            },
+            () = tokio::time::sleep_until(ping_at) => {
+                let ping = redis::cmd("PING");
+                let pong = tokio::time::timeout(limit, ping.query_async::<Value>(&mut conn)).await;
+                if !matches!(pong, Ok(Ok(_))) {
+                    return true;
+                }
+                ping_at = tokio::time::Instant::now() + WATCH_PING_EVERY;
+            }
+        }
+        if current.strong_count() == 0 {
+            return true;
+        }
+    }
+}
+
+/// The new primary a [`SWITCH_MASTER`] message (`data`: channel, payload) names for `master`.
+fn switched_to(data: &[Value], master: &str) -> Option<(String, u16)> {
+    let [channel, payload] = data else {
+        return None;
+    };
+    let channel: String = redis::from_redis_value(channel.clone()).ok()?;
+    let payload: String = redis::from_redis_value(payload.clone()).ok()?;
+    if channel != SWITCH_MASTER {
+        return None;
+    }
+    match payload.split_whitespace().collect::<Vec<_>>()[..] {
+        [name, _, _, host, port] if name == master => Some((host.to_owned(), port.parse().ok()?)),
+        _ => None,
+    }
+}
+
+/// Drops the current connection if its server is not `primary`, the one a sentinel names now
+/// (a connection being made meanwhile is checked by the next announcement or re-subscription).
+fn depose(current: &std::sync::Weak<Mutex<Current>>, primary: &(String, u16)) {
+    let Some(current) = current.upgrade() else {
+        return;
+    };
+    let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
+    if current.conn.is_some() && current.addr.as_ref().is_some_and(|addr| addr != primary) {
+        current.conn = None;
+        current.addr = None;
+    }
+}
+
+/// A server's host and port, as the sentinels name it; `None` for a Unix socket.
+fn host_port(addr: &redis::ConnectionAddr) -> Option<(String, u16)> {
+    match addr {
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+        _ => None,
+    }
 }
 
 /// Drops the connection of `generation`, unless a newer one replaced it.
