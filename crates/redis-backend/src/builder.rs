@@ -578,11 +578,6 @@ pub fn client_for(url: &str) -> Result<redis::Client, StoreError> {
     redis::Client::open(with_resp3(url, info)).map_err(invalid)
 }
 
-/// `info` over RESP3 unless its URL names a protocol (`?protocol=resp2`): redis-rs tells a
-/// RESP3 connection's owner when the server closes it while idle (Redis's `timeout`,
-/// `CLIENT KILL`, a load balancer's idle cut), so the store moves to a fresh connection
-/// before the next call rather than failing that call as if Redis were down. The store's
-/// replies read the same under both protocols.
 /// A client for the sentinel at `url` over RESP3, whatever the URL says (a subscribed
 /// connection runs commands only over RESP3): the store's watch of that sentinel.
 fn watch_client(url: &str) -> redis::RedisResult<redis::Client> {
@@ -594,6 +589,11 @@ fn watch_client(url: &str) -> redis::RedisResult<redis::Client> {
     redis::Client::open(info.set_redis_settings(settings))
 }
 
+/// `info` over RESP3 unless its URL names a protocol (`?protocol=resp2`): redis-rs tells a
+/// RESP3 connection's owner when the server closes it while idle (Redis's `timeout`,
+/// `CLIENT KILL`, a load balancer's idle cut), so the store moves to a fresh connection
+/// before the next call rather than failing that call as if Redis were down. The store's
+/// replies read the same under both protocols.
 fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
     // the query's own parameters only: a password or path may contain the text
     let query = url.split_once('?').map_or("", |(_, q)| q);
