@@ -30,8 +30,10 @@
 //! - [`FailureMode::Degraded`](crate::FailureMode::Degraded): decide on a per-process
 //!   [`LocalStore`](crate::LocalStore), labelled
 //!   [`Enforcement::Degraded`](crate::Enforcement::Degraded). Approximate: each instance
-//!   enforces its own share (the quota divided by the expected instance count, if given), so
-//!   the fleet as a whole admits roughly the quota only if traffic is spread evenly.
+//!   enforces its own share, the quota divided by the expected instance count that
+//!   [`FailureMode::degraded`](crate::FailureMode::degraded) requires (there is no default:
+//!   it is how much of the quota one instance enforces alone), so the fleet as a whole admits
+//!   roughly the quota only if traffic is spread evenly over that many instances.
 //!   [`FailureMode::degraded_with`](crate::FailureMode::degraded_with) takes a local store on
 //!   a clock of your choosing (a [`ManualClock`](crate::ManualClock) in tests, to move the
 //!   degraded buckets' time by hand).
