@@ -32,7 +32,8 @@
 //!
 //! let registry = RedisRegistry::connect("redis://127.0.0.1", "tollgate:", Duration::from_millis(250)).await?;
 //! let follower = PolicyFollower::start(registry, "login", &[limiter.clone()], Duration::from_secs(5)).await?;
-//! // ... `tollgate policy publish --name login --policy '...,generation=2,transition=carry'`
+//! // ... `tollgate policy publish --redis redis://127.0.0.1 --name login \
+//! //          --policy '...,generation=2,transition=carry'`
 //! // switches `limiter` within a round trip (at most 5.25 s if the notification is lost).
 //! # drop(follower); Ok(()) }
 //! ```
