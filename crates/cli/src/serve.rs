@@ -11,12 +11,15 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use axum::Router;
 use axum::extract::Request;
+use axum::http::Method;
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{MethodFilter, MethodRouter, any, get, on};
 use clap::Args;
-use tollgate_http::{AuthenticatedUser, BUILTIN_POLICY_FILE, PolicyFile, RouteConfig};
+use tollgate_http::{
+    AuthenticatedUser, BUILTIN_POLICY_FILE, CostSource, KeySource, PolicyFile, RouteConfig,
+};
 
 use crate::StoreArgs;
 
@@ -96,19 +99,18 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         };
         app = app.route(&route.path, handler);
     }
-    // A configured route at `/` owns it (the file's paths were checked as axum routes them;
-    // `/` conflicts with no other path): the index page would clash with its method or take
-    // the methods it leaves, unlimited.
-    if !file.routes.iter().any(|route| route.path == "/") {
-        let index = index_text(&file, args.store.label());
-        app = app.route("/", get(move || async move { index }));
-    }
-    app = app.layer(middleware::from_fn(demo_auth));
-
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
+    // A configured route at `/` owns it (the file's paths were checked as axum routes them;
+    // `/` conflicts with no other path): the index page would clash with its method or take
+    // the methods it leaves, unlimited.
+    if !file.routes.iter().any(|route| route.path == "/") {
+        let index = index_text(&file, args.store.label(), addr);
+        app = app.route("/", get(move || async move { index }));
+    }
+    app = app.layer(middleware::from_fn(demo_auth));
     // Tests and scripts read this first line for the address. A reader that has gone
     // (`serve | head -1`) does not stop the server: the banner is only for it.
     let banner = crate::outln!("listening on http://{addr} (store: {})", args.store.label())
@@ -195,19 +197,55 @@ fn describe(route: &RouteConfig) -> String {
     )
 }
 
-/// The demo's index page at `GET /`: the store and the routes. Not served when the policy
-/// file has a route at `/`.
-fn index_text(file: &PolicyFile, store: &str) -> String {
+/// The demo's index page at `GET /`: the store, the routes, and a request to try on each, at
+/// the address the server listens on. Not served when the policy file has a route at `/`.
+fn index_text(file: &PolicyFile, store: &str, addr: SocketAddr) -> String {
     let mut out = format!("tollgate demo (store: {store})\n\nrate-limited routes:\n");
     for route in &file.routes {
         let _ = writeln!(out, "  {}", describe(route));
     }
-    out.push_str(
-        "\ntry:\n  curl -i -X POST localhost:8080/login\n  \
-         curl -i -H 'x-api-key: k1' -H 'x-cost: 3' localhost:8080/api/search\n  \
-         curl -i -H 'Authorization: Bearer alice' localhost:8080/api/reports\n",
-    );
+    out.push_str("\ntry:\n");
+    for route in &file.routes {
+        let _ = writeln!(out, "  {}", try_route(route, addr));
+    }
     out
+}
+
+/// A `curl` command for `route` on the server at `addr`: its method (`GET` for any), the
+/// header its key is read from, a cost header when the cost comes from one, and its path with
+/// each parameter given a value.
+fn try_route(route: &RouteConfig, addr: SocketAddr) -> String {
+    let mut cmd = String::from("curl -i");
+    if let Some(method) = route.method.as_ref().filter(|m| **m != Method::GET) {
+        let _ = write!(cmd, " -X {method}");
+    }
+    match &route.key {
+        KeySource::Header(h) => {
+            let _ = write!(cmd, " -H '{}: k1'", h.name());
+        }
+        KeySource::User(_) => cmd.push_str(" -H 'Authorization: Bearer alice'"),
+        // the client's address, one bucket for the route, or a source added since: no header
+        _ => {}
+    }
+    if let CostSource::Header(c) = &route.cost {
+        let _ = write!(cmd, " -H '{}: {}'", c.name(), c.default_cost());
+    }
+    // `{id}` and `{*rest}` segments: a value each
+    let path: Vec<String> = route
+        .path
+        .split('/')
+        .map(|segment| match segment.strip_prefix('{') {
+            Some(_) if segment.ends_with('}') => "1".to_owned(),
+            _ => segment.to_owned(),
+        })
+        .collect();
+    let host = if addr.ip().is_unspecified() {
+        format!("localhost:{}", addr.port())
+    } else {
+        addr.to_string()
+    };
+    let _ = write!(cmd, " '{host}{}'", path.join("/"));
+    cmd
 }
 
 fn init_tracing() {

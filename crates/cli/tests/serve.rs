@@ -337,6 +337,39 @@ async fn serve_runs_the_builtin_policy_file_on_the_local_store() {
     assert_eq!(remaining(&resp), 2);
 }
 
+/// The index page's requests to try are the configured routes' own, at the address the server
+/// listens on (it suggested the built-in file's three routes on `localhost:8080` whatever was
+/// configured: 404s, or nothing listening).
+#[tokio::test]
+async fn the_index_page_suggests_the_configured_routes_at_the_listening_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[[route]]\nname = \"items\"\npath = \"/items/{id}\"\nmethod = \"POST\"\n\
+         key = \"header:x-api-key\"\ncost = { header = \"x-cost\", default = 2, min = 1, max = 5 }\n\
+         policy = \"token-bucket:capacity=10,rate=1\"\nfailure_mode = \"closed\"\n",
+    );
+    let serve = Serve::start(&["--config", &config]);
+    let http = client();
+    let index = http.get(serve.url("/")).send().await.unwrap();
+    assert_eq!(index.status(), StatusCode::OK);
+    let text = index.text().await.unwrap();
+    let host = serve.base.strip_prefix("http://").unwrap();
+    let expected = format!("curl -i -X POST -H 'x-api-key: k1' -H 'x-cost: 2' '{host}/items/1'");
+    assert!(text.contains(&expected), "{expected:?} not in:\n{text}");
+    assert!(!text.contains("8080") && !text.contains("/login"), "{text}");
+    // and the request it suggests is the route's
+    let resp = http
+        .post(serve.url("/items/1"))
+        .header("x-api-key", "k1")
+        .header("x-cost", "2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(remaining(&resp), 8);
+}
+
 /// A route at `/`, 2 tokens (one more an hour) for the whole route, with `method` if given.
 fn root_route(method: Option<&str>) -> String {
     let method = method.map_or_else(String::new, |m| format!("method = \"{m}\"\n"));
