@@ -66,6 +66,17 @@ pub enum PolicyError {
         /// The value given.
         got: u64,
     },
+    /// A rate in tokens per second (given as a number, [`Rate::per_second_f64`] or a policy
+    /// spec's `rate=`) above the largest a policy holds exactly.
+    #[error("{field} must be at most {max} per second, got {}", Number(*.got))]
+    RateTooLarge {
+        /// The parameter's name.
+        field: &'static str,
+        /// The largest accepted rate, in tokens per second.
+        max: u64,
+        /// The rate given.
+        got: f64,
+    },
     /// A fractional rate that is not a whole number of thousandths of a token per second
     /// (rounding it would admit more, or less, than asked).
     #[error(
@@ -99,6 +110,20 @@ pub enum PolicyError {
         /// The policy's capacity or limit.
         max: u64,
     },
+}
+
+/// A number in an error message: as written for an ordinary size, in exponent form past
+/// 10^16 (`1e300`, not its 301 digits).
+struct Number(f64);
+
+impl fmt::Display for Number {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.abs() < 1e16 {
+            write!(f, "{}", self.0)
+        } else {
+            write!(f, "{:e}", self.0)
+        }
+    }
 }
 
 /// A refill rate: `tokens` every `period`. Kept as an exact ratio of integers.
@@ -152,10 +177,10 @@ impl Rate {
         // relative tolerance (it was 1e-9) let large rates through with their fraction rounded.
         let scaled = rate * 1000.0;
         if scaled >= MAX_EXACT as f64 {
-            return Err(PolicyError::TooLarge {
+            return Err(PolicyError::RateTooLarge {
                 field: "rate",
                 max: MAX_EXACT / 1000,
-                got: rate as u64,
+                got: rate,
             });
         }
         // `scaled` is within one `m` of the product's rounding of `m`: try its neighbours too

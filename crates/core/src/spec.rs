@@ -216,10 +216,10 @@ fn decimal_rate(text: &str) -> Option<Result<Rate, PolicyError>> {
             got: 0.0,
         }),
         Some(m) if m < MAX_EXACT => Ok(Rate::new(m, Duration::from_secs(1000))),
-        _ => Err(PolicyError::TooLarge {
+        _ => Err(PolicyError::RateTooLarge {
             field: "rate",
             max: MAX_EXACT / 1000,
-            got: got() as u64,
+            got: got(),
         }),
     })
 }
@@ -398,6 +398,32 @@ mod tests {
         );
     }
 
+    /// A rate too large is reported as given, not as a number the caller never wrote (it was
+    /// "got 18446744073709551615" for `1e300`, and "at most 4503599627370, got 4503599627370"
+    /// for `4503599627370.5`).
+    #[test]
+    fn a_rate_too_large_is_reported_as_given() {
+        for (text, shown) in [
+            ("1e300", "got 1e300"),
+            ("99999999999999999999", "got 1e20"),
+            ("4503599627370.5", "got 4503599627370.5"),
+            ("4.503599627370496e12", "got 4503599627370.496"),
+        ] {
+            let spec = format!("token-bucket:capacity=10,rate={text}");
+            let message = spec.parse::<Policy>().unwrap_err().to_string();
+            assert_eq!(
+                message,
+                format!("rate must be at most 4503599627370 per second, {shown}"),
+                "{spec}"
+            );
+        }
+        let message = Rate::per_second_f64(1e300).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "rate must be at most 4503599627370 per second, got 1e300"
+        );
+    }
+
     /// `rate=text` in a token-bucket spec reads as `milli` thousandths of a token per second.
     fn assert_rate_reads_as(text: &str, milli: u64) {
         let p: Policy = format!("token-bucket:capacity=1,rate={text}")
@@ -481,7 +507,7 @@ mod tests {
         }
         for text in ["4.503599627370496e12", "1e300", "+99999999999999999999.5"] {
             assert_rate_refused(text, |e| {
-                matches!(e, PolicyError::TooLarge { field: "rate", .. })
+                matches!(e, PolicyError::RateTooLarge { field: "rate", .. })
             });
         }
         for text in ["0e5", "+0.000", "-1.5", "inf", "1e", "e5"] {

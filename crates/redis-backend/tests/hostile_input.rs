@@ -396,6 +396,7 @@ fn policy_spec_parser_refuses_out_of_range_values_with_typed_errors() {
     use PolicyError as E;
     let zero = policy_err(|e| matches!(e, E::Zero { .. }));
     let too_large = policy_err(|e| matches!(e, E::TooLarge { .. }));
+    let rate_too_large = policy_err(|e| matches!(e, E::RateTooLarge { .. }));
     let not_finite = policy_err(|e| matches!(e, E::NotPositiveFinite { .. }));
     let not_thousandths = policy_err(|e| matches!(e, E::NotWholeThousandths { .. }));
     let short = policy_err(|e| matches!(e, E::DurationTooShort { .. }));
@@ -428,7 +429,7 @@ fn policy_spec_parser_refuses_out_of_range_values_with_typed_errors() {
         ("token-bucket:capacity=10,rate=1e-9", &not_thousandths),
         ("token-bucket:capacity=10,rate=0.0015", &not_thousandths),
         ("token-bucket:capacity=10,rate=1e400", &not_finite),
-        ("token-bucket:capacity=10,rate=1e300", &too_large),
+        ("token-bucket:capacity=10,rate=1e300", &rate_too_large),
         ("token-bucket:capacity=10,rate=0.5,period=1s", &bad_value),
         ("token-bucket:capacity=10,rate=1,period=0", &short),
         ("token-bucket:capacity=10,rate=1,period=0s", &short),
