@@ -48,6 +48,20 @@ const RULES: &[&str] = &[
 /// checks with `ROLE` that the node the sentinels name is a primary.
 const SENTINEL_RULES: &[&str] = &["+role"];
 
+/// The documented rules of a sentinel-side user (docs/security.md), on every sentinel, after
+/// `ACL SETUSER tollgate on >PASSWORD resetchannels -@all`: redis-rs checks with `ROLE` that
+/// each sentinel is one and finds the primary with `SENTINEL MASTERS`; the store's watch of each
+/// sentinel subscribes to `+switch-master`, asks `SENTINEL GET-MASTER-ADDR-BY-NAME` and `PING`s
+/// it every 5 s.
+const SENTINEL_SIDE_RULES: &[&str] = &[
+    "+role",
+    "+sentinel|masters",
+    "+sentinel|get-master-addr-by-name",
+    "+subscribe",
+    "&+switch-master",
+    "+ping",
+];
+
 /// The documented rules added on a Cluster, on every node (docs/security.md): the slot map
 /// (`CLUSTER SLOTS`) and following an `ASK` (`ASKING`).
 const CLUSTER_RULES: &[&str] = &["+cluster|slots", "+asking"];
@@ -539,6 +553,160 @@ async fn behind_sentinel_the_data_nodes_need_exactly_the_documented_rules() {
             acl_denials(server),
             vec![],
             "ACL LOG of data server {index} has denials"
+        );
+    }
+}
+
+/// Sets the sentinel-side user on every sentinel of `topology` with `rules` (and empties their
+/// `ACL LOG`), and returns the sentinel URLs that log in as it.
+fn set_sentinel_user(topology: &SentinelCluster, rules: &[&str]) -> Vec<String> {
+    let mut urls = Vec::new();
+    for sentinel in topology.sentinels() {
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(USER)
+            .arg(&["reset", "on", ">s3cret-for-tests", "resetchannels", "-@all"][..])
+            .arg(rules)
+            .exec(&mut admin(sentinel))
+            .unwrap();
+        acl_log_reset(sentinel);
+        urls.push(format!(
+            "redis://{USER}:{PASSWORD}@127.0.0.1:{}",
+            sentinel.port()
+        ));
+    }
+    urls
+}
+
+/// The last command of each sentinel's subscribed clients (`CLIENT LIST`: `cmd=` where `sub=`
+/// is above 0): the store's watches.
+fn watch_commands(topology: &SentinelCluster) -> Vec<Vec<String>> {
+    topology
+        .sentinels()
+        .iter()
+        .map(|sentinel| {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query(&mut admin(sentinel))
+                .unwrap();
+            list.lines()
+                .filter(|line| {
+                    line.split(' ')
+                        .any(|f| f.starts_with("sub=") && f != "sub=0")
+                })
+                .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("cmd=")))
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect()
+}
+
+/// Polls `done` every 50 ms, for at most `timeout`, without blocking the runtime (the store's
+/// sentinel watches run on it): whether it came true.
+async fn eventually(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    for _ in 0..10_000 {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
+}
+
+/// A sentinel-side ACL user with exactly [`SENTINEL_SIDE_RULES`] (docs/security.md) on every
+/// sentinel: the store builds, decides, and its watch of each sentinel subscribes, asks
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME` and `PING`s, with nothing in any sentinel's `ACL LOG`.
+/// Each rule is needed: without `+role` or `+sentinel|masters` `build` fails loudly; without a
+/// watch's rule the store builds and decides, and the sentinels log the watch's refusal. (The
+/// doc listed `GET-MASTER-ADDR-BY-NAME`, `SUBSCRIBE +switch-master` and `PING` alone, under
+/// which `build` failed: `NoPerm: this user has no permissions to run the 'role' command`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_side_user_needs_exactly_the_documented_rights() {
+    let topology = tokio::task::block_in_place(|| SentinelCluster::start("sentinelside"));
+    let store = |urls: Vec<String>| {
+        RedisStore::sentinel(topology.master_name(), urls)
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(5))
+    };
+    let k = Key::new("acl", ["sentinel-side"]).unwrap();
+    let denied_on_every_sentinel = |reason: &str, object: &str| {
+        topology
+            .sentinels()
+            .iter()
+            .all(|sentinel| acl_denials(sentinel).contains(&(reason.to_owned(), object.to_owned())))
+    };
+
+    for (without, command) in [("+role", "role"), ("+sentinel|masters", "sentinel|masters")] {
+        let rules: Vec<&str> = SENTINEL_SIDE_RULES
+            .iter()
+            .copied()
+            .filter(|r| *r != without)
+            .collect();
+        let urls = set_sentinel_user(&topology, &rules);
+        let err = store(urls).build().await.unwrap_err();
+        assert_refused(&err, command);
+    }
+    for (without, reason, object) in [
+        (
+            "+sentinel|get-master-addr-by-name",
+            "command",
+            "sentinel|get-master-addr-by-name",
+        ),
+        ("+subscribe", "command", "subscribe"),
+        ("&+switch-master", "channel", "+switch-master"),
+    ] {
+        let rules: Vec<&str> = SENTINEL_SIDE_RULES
+            .iter()
+            .copied()
+            .filter(|r| *r != without)
+            .collect();
+        let urls = set_sentinel_user(&topology, &rules);
+        let s = store(urls)
+            .build()
+            .await
+            .expect("the store builds without a watch's right");
+        s.acquire(&k, &policies()[0], 1).await.expect("a decision");
+        assert!(
+            eventually(Duration::from_secs(5), || denied_on_every_sentinel(
+                reason, object
+            ))
+            .await,
+            "without {without}: the sentinels' ACL LOG: {:?}",
+            topology
+                .sentinels()
+                .iter()
+                .map(acl_denials)
+                .collect::<Vec<_>>()
+        );
+        drop(s);
+    }
+
+    let urls = set_sentinel_user(&topology, SENTINEL_SIDE_RULES);
+    let s = store(urls)
+        .build()
+        .await
+        .expect("build under the documented sentinel-side rules");
+    s.acquire(&k, &policies()[0], 1).await.expect("a decision");
+    for command in ["sentinel|get-master-addr-by-name", "ping"] {
+        // the watch asks on subscribing, then PINGs every 5 s
+        assert!(
+            eventually(Duration::from_secs(8), || watch_commands(&topology)
+                .iter()
+                .all(|cmds| cmds.iter().any(|c| c == command)))
+            .await,
+            "each sentinel's watch ran {command}: {:?}",
+            watch_commands(&topology)
+        );
+    }
+    for (index, sentinel) in topology.sentinels().iter().enumerate() {
+        assert_eq!(
+            acl_denials(sentinel),
+            vec![],
+            "ACL LOG of sentinel {index} has denials"
         );
     }
 }
