@@ -960,10 +960,13 @@ async fn watch_once(
     };
     let mut ask = redis::cmd("SENTINEL");
     ask.arg("GET-MASTER-ADDR-BY-NAME").arg(master);
-    match tokio::time::timeout(limit, ask.query_async::<Option<(String, u16)>>(&mut conn)).await {
-        Ok(Ok(Some(primary))) => depose(current, &primary),
-        Ok(Ok(None)) => {}
-        _ => return true,
+    // A refusal (a sentinel-side user without the right) or no answer leaves the catch-up
+    // undone, not the watch: the subscription stands, and a sentinel that stopped answering
+    // fails the next `PING`. (Taken for a lost connection, a refusal reconnected every 100 ms.)
+    if let Ok(Ok(Some(primary))) =
+        tokio::time::timeout(limit, ask.query_async::<Option<(String, u16)>>(&mut conn)).await
+    {
+        depose(current, &primary);
     }
     let mut ping_at = tokio::time::Instant::now() + WATCH_PING_EVERY;
     loop {

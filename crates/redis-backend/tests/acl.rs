@@ -818,3 +818,59 @@ async fn on_a_cluster_every_node_needs_exactly_the_documented_rules() {
     migration.finish();
     assert!(store.acquire(&k, &p, 1).await.is_ok());
 }
+
+/// `total_connections_received` of `sentinel`, asked on `conn`.
+fn connections_received(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(conn).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats names total_connections_received")
+}
+
+/// A sentinel that refuses the watch's catch-up question (`SENTINEL GET-MASTER-ADDR-BY-NAME`:
+/// a user without that right) is still watched on the one connection subscribed to
+/// `+switch-master`. The watch took the refusal for a lost connection and connected again
+/// every 100 ms, without end (before: ~10 connections a second to each sentinel, each one
+/// more `ACL LOG` entry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_refusing_the_catch_up_question_is_watched_on_one_connection() {
+    let topology = tokio::task::block_in_place(|| SentinelCluster::start("sentinelcatchup"));
+    let rules: Vec<&str> = SENTINEL_SIDE_RULES
+        .iter()
+        .copied()
+        .filter(|r| *r != "+sentinel|get-master-addr-by-name")
+        .collect();
+    let urls = set_sentinel_user(&topology, &rules);
+    let store = RedisStore::sentinel(topology.master_name(), urls)
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("the store builds without the watch's catch-up right");
+    let k = Key::new("acl", ["catch-up"]).unwrap();
+    store
+        .acquire(&k, &policies()[0], 1)
+        .await
+        .expect("a decision");
+    // the watches have subscribed (and been refused their question)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut conns: Vec<redis::Connection> = topology.sentinels().iter().map(admin).collect();
+    let before: Vec<u64> = conns.iter_mut().map(connections_received).collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: Vec<u64> = conns.iter_mut().map(connections_received).collect();
+    let new: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        new.iter().all(|&n| n <= 1),
+        "connections made to each sentinel in 2 s: {new:?}"
+    );
+    // and each is watched, subscribed
+    assert!(
+        watch_commands(&topology)
+            .iter()
+            .all(|cmds| !cmds.is_empty()),
+        "each sentinel is watched: {:?}",
+        watch_commands(&topology)
+    );
+    drop(store);
+}
