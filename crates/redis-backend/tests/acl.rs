@@ -557,6 +557,15 @@ async fn behind_sentinel_the_data_nodes_need_exactly_the_documented_rules() {
     }
 }
 
+/// [`SENTINEL_SIDE_RULES`] but `without`.
+fn sentinel_rules_without(without: &str) -> Vec<&'static str> {
+    SENTINEL_SIDE_RULES
+        .iter()
+        .copied()
+        .filter(|r| *r != without)
+        .collect()
+}
+
 /// Sets the sentinel-side user on every sentinel of `topology` with `rules` (and empties their
 /// `ACL LOG`), and returns the sentinel URLs that log in as it.
 fn set_sentinel_user(topology: &SentinelCluster, rules: &[&str]) -> Vec<String> {
@@ -641,12 +650,7 @@ async fn a_sentinel_side_user_needs_exactly_the_documented_rights() {
     };
 
     for (without, command) in [("+role", "role"), ("+sentinel|masters", "sentinel|masters")] {
-        let rules: Vec<&str> = SENTINEL_SIDE_RULES
-            .iter()
-            .copied()
-            .filter(|r| *r != without)
-            .collect();
-        let urls = set_sentinel_user(&topology, &rules);
+        let urls = set_sentinel_user(&topology, &sentinel_rules_without(without));
         let err = store(urls).build().await.unwrap_err();
         assert_refused(&err, command);
     }
@@ -659,12 +663,7 @@ async fn a_sentinel_side_user_needs_exactly_the_documented_rights() {
         ("+subscribe", "command", "subscribe"),
         ("&+switch-master", "channel", "+switch-master"),
     ] {
-        let rules: Vec<&str> = SENTINEL_SIDE_RULES
-            .iter()
-            .copied()
-            .filter(|r| *r != without)
-            .collect();
-        let urls = set_sentinel_user(&topology, &rules);
+        let urls = set_sentinel_user(&topology, &sentinel_rules_without(without));
         let s = store(urls)
             .build()
             .await
@@ -836,12 +835,10 @@ fn connections_received(conn: &mut redis::Connection) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_refusing_the_catch_up_question_is_watched_on_one_connection() {
     let topology = tokio::task::block_in_place(|| SentinelCluster::start("sentinelcatchup"));
-    let rules: Vec<&str> = SENTINEL_SIDE_RULES
-        .iter()
-        .copied()
-        .filter(|r| *r != "+sentinel|get-master-addr-by-name")
-        .collect();
-    let urls = set_sentinel_user(&topology, &rules);
+    let urls = set_sentinel_user(
+        &topology,
+        &sentinel_rules_without("+sentinel|get-master-addr-by-name"),
+    );
     let store = RedisStore::sentinel(topology.master_name(), urls)
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(5))

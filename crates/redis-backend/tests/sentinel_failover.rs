@@ -20,6 +20,19 @@ fn key(i: usize) -> Key {
     Key::new("sentinel-failover", [format!("k{i}")]).unwrap()
 }
 
+/// A store on `topology`'s sentinels (call deadline 250 ms, connect timeout 1 s) that has
+/// decided once.
+async fn deciding(topology: &SentinelCluster) -> RedisStore {
+    let store = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+        .timeout(Duration::from_millis(250))
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.acquire(&key(0), &policy(), 1).await.is_ok());
+    store
+}
+
 /// Calls the store every 50 ms until a decision, for at most `limit`: the time it took and the
 /// number of calls that failed (`Err`: the calls made and the last failure). Every failure must be of class unavailable, and no call may
 /// outlast `call_bound`.
@@ -62,13 +75,7 @@ async fn until_decided(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_first_sentinel_is_skipped_after_a_failover() {
     let mut topology = tokio::task::block_in_place(|| SentinelCluster::start("frozen"));
-    let store = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
-        .timeout(Duration::from_millis(250))
-        .connect_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.acquire(&key(0), &policy(), 1).await.is_ok());
+    let store = deciding(&topology).await;
 
     topology.sentinel_mut(0).pause();
     let killed = topology.kill_primary();
@@ -134,13 +141,7 @@ async fn a_frozen_sentinel_does_not_keep_the_store_on_a_deposed_primary() {
 /// deposed primary alone more than 5 s after the promotion.
 async fn leaves_the_deposed_primary(name: &str, freeze_first: bool) {
     let mut topology = tokio::task::block_in_place(|| SentinelCluster::start(name));
-    let store = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
-        .timeout(Duration::from_millis(250))
-        .connect_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.acquire(&key(0), &policy(), 1).await.is_ok());
+    let store = deciding(&topology).await;
     if freeze_first {
         topology.sentinel_mut(0).pause();
     }
