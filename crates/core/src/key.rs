@@ -30,6 +30,10 @@ pub enum KeyError {
     /// The namespace was empty, too long, or used a character outside `[a-z0-9_.-]`.
     #[error("namespace {0:?} must be 1-64 characters of [a-z0-9_.-]")]
     BadNamespace(String),
+    /// A store's key prefix was too long, or used a character outside `[A-Za-z0-9:_.-]` (a
+    /// brace would open a Cluster hash tag).
+    #[error("key prefix {0:?} must be at most 64 bytes of [A-Za-z0-9:_.-]")]
+    BadPrefix(String),
     /// A user-supplied part was empty.
     #[error("key part {index} is empty")]
     EmptyPart {

@@ -617,7 +617,7 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), StoreError> {
     if ok {
         Ok(())
     } else {
-        Err(KeyError::BadNamespace(prefix.to_owned()).into())
+        Err(KeyError::BadPrefix(prefix.to_owned()).into())
     }
 }
 

@@ -19,7 +19,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use tollgate_core::{Key, Policy, SpecError, StoreError};
 
-use crate::builder::client_for;
+use crate::builder::{check_prefix, client_for};
 use crate::error::classify;
 
 /// Why a registry call failed.
@@ -120,12 +120,16 @@ fn parse_entry(name: &str, value: &str) -> Result<Policy, RegistryError> {
 
 impl RedisRegistry {
     /// Connects to the registry at `url` under the key prefix `prefix` (the store's prefix,
-    /// e.g. [`crate::DEFAULT_PREFIX`]); every call has the deadline `timeout`.
+    /// e.g. [`crate::DEFAULT_PREFIX`]); every call has the deadline `timeout`. A prefix the
+    /// store refuses ([`RedisStoreBuilder::prefix`](crate::RedisStoreBuilder::prefix)) is
+    /// refused here too, before anything is sent: [`RegistryError::Store`] with
+    /// [`StoreError::InvalidKey`].
     pub async fn connect(
         url: &str,
         prefix: &str,
         timeout: Duration,
     ) -> Result<Self, RegistryError> {
+        check_prefix(prefix)?;
         // The store's client (RESP3 unless the URL names a protocol): redis-rs then tells the
         // connection manager when the server closes its connection while idle, and it
         // reconnects before the next call instead of failing it.
@@ -374,6 +378,27 @@ mod tests {
     use std::error::Error as _;
 
     use super::*;
+
+    /// A prefix the store refuses is refused by the registry too, before anything is sent (it
+    /// was accepted: `x{y}` moves the registry's key into another hash slot, a prefix the
+    /// fleet's stores cannot share). Nothing listens on the URL, so only a refusal before
+    /// connecting is `InvalidKey`.
+    #[tokio::test]
+    async fn a_prefix_the_store_refuses_is_refused_before_connecting() {
+        let url = "redis://127.0.0.1:1";
+        for prefix in ["x{y}", "a b", "tollgate\n", &"p".repeat(65)] {
+            let got = RedisRegistry::connect(url, prefix, Duration::from_secs(1)).await;
+            assert!(
+                matches!(got, Err(RegistryError::Store(StoreError::InvalidKey(_)))),
+                "{prefix:?}: {got:?}"
+            );
+        }
+        let got = RedisRegistry::connect(url, "tollgate:", Duration::from_secs(1)).await;
+        assert!(
+            matches!(&got, Err(RegistryError::Store(e)) if e.class() == tollgate_core::ErrorClass::Unavailable),
+            "{got:?}"
+        );
+    }
 
     #[test]
     fn registry_error_messages_name_the_values() {

@@ -240,7 +240,7 @@ async fn keys_that_cannot_be_built_are_typed_errors_and_write_nothing() {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, StoreError::InvalidKey(KeyError::BadNamespace(_))),
+            matches!(err, StoreError::InvalidKey(KeyError::BadPrefix(_))),
             "prefix {prefix:?}: {err}"
         );
     }
