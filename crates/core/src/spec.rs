@@ -424,6 +424,11 @@ mod tests {
         );
     }
 
+    /// A rate's refusal for a fraction finer than a thousandth.
+    fn is_finer_than_a_thousandth(e: &PolicyError) -> bool {
+        matches!(e, PolicyError::NotWholeThousandths { field: "rate", .. })
+    }
+
     /// `rate=text` in a token-bucket spec reads as `milli` thousandths of a token per second.
     fn assert_rate_reads_as(text: &str, milli: u64) {
         let p: Policy = format!("token-bucket:capacity=1,rate={text}")
@@ -453,9 +458,7 @@ mod tests {
             "0.0015",
             "1.00000000000000001",
         ] {
-            assert_rate_refused(text, |e| {
-                matches!(e, PolicyError::NotWholeThousandths { field: "rate", .. })
-            });
+            assert_rate_refused(text, is_finer_than_a_thousandth);
         }
         for (text, milli) in [
             ("0.5", 500),
@@ -485,9 +488,7 @@ mod tests {
             "1e-4",
             "0.00000000000000000000001e-3",
         ] {
-            assert_rate_refused(text, |e| {
-                matches!(e, PolicyError::NotWholeThousandths { field: "rate", .. })
-            });
+            assert_rate_refused(text, is_finer_than_a_thousandth);
         }
         for (text, milli) in [
             ("+0.5", 500),

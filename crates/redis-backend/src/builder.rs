@@ -581,12 +581,9 @@ pub fn client_for(url: &str) -> Result<redis::Client, StoreError> {
 /// A client for the sentinel at `url` over RESP3, whatever the URL says (a subscribed
 /// connection runs commands only over RESP3): the store's watch of that sentinel.
 fn watch_client(url: &str) -> redis::RedisResult<redis::Client> {
-    let info = redis::IntoConnectionInfo::into_connection_info(url)?;
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(redis::ProtocolVersion::RESP3);
-    redis::Client::open(info.set_redis_settings(settings))
+    redis::Client::open(over_resp3(redis::IntoConnectionInfo::into_connection_info(
+        url,
+    )?))
 }
 
 /// `info` over RESP3 unless its URL names a protocol (`?protocol=resp2`): redis-rs tells a
@@ -601,6 +598,11 @@ fn with_resp3(url: &str, info: redis::ConnectionInfo) -> redis::ConnectionInfo {
     if query.split('&').any(|pair| pair.starts_with("protocol=")) {
         return info;
     }
+    over_resp3(info)
+}
+
+/// `info` over RESP3, whatever it said.
+fn over_resp3(info: redis::ConnectionInfo) -> redis::ConnectionInfo {
     let settings = info
         .redis_settings()
         .clone()

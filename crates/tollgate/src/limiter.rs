@@ -622,10 +622,7 @@ impl Limiter {
                 }
                 Ok(results) => {
                     // One answer is enough to show the store is there.
-                    let answered = results
-                        .iter()
-                        .any(|r| r.as_ref().map_or_else(|e| !is_outage(e.class()), |_| true));
-                    ticket.settle(answered);
+                    ticket.settle(results.iter().any(answered));
                     results
                 }
                 Err(e) => {
@@ -731,10 +728,7 @@ impl Limiter {
     /// [`Limiter::reset`] for a key built by [`Limiter::key`].
     pub async fn reset_key(&self, key: &Key) -> Result<(), Error> {
         let inner = &*self.inner;
-        if let Some(cache) = &inner.deny_cache {
-            cache.remove(key);
-        }
-        self.forget_local(key.as_str());
+        self.forget_reset_key(key.as_str());
         let (permit, transition) = inner.breaker.permit();
         self.report(transition);
         if permit == Permit::Skip {
@@ -754,11 +748,7 @@ impl Limiter {
         };
         if permit == Permit::Probe {
             // The breaker's probe settles it; any other reset is not counted.
-            ticket.settle(
-                result
-                    .as_ref()
-                    .map_or_else(|e| !is_outage(e.class()), |()| true),
-            );
+            ticket.settle(answered(&result));
         }
         if let Some(cache) = &inner.deny_cache {
             // Again once the store has forgotten the bucket: a request sent during the reset's
@@ -974,6 +964,14 @@ const MIN_RETRY: Duration = Duration::from_millis(1);
 /// Whether the error means the store cannot answer now (the breaker counts it).
 fn is_outage(class: ErrorClass) -> bool {
     matches!(class, ErrorClass::Unavailable | ErrorClass::Busy)
+}
+
+/// Whether the store answered `result` (any answer, even an error that is not an outage): what
+/// the breaker is told ([`Ticket::settle`]).
+fn answered<T>(result: &Result<T, StoreError>) -> bool {
+    result
+        .as_ref()
+        .map_or_else(|e| !is_outage(e.class()), |_| true)
 }
 
 fn breaker_open() -> StoreError {
