@@ -99,6 +99,7 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    #[inline]
     fn now_micros(&self) -> u64 {
         self.base_wall_micros + self.ticks_to_micros(self.clock.raw().saturating_sub(self.base_raw))
     }

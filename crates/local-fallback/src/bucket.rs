@@ -18,6 +18,7 @@
 use std::num::NonZeroU64;
 use std::sync::OnceLock;
 
+use tollgate_core::algorithm::token_bucket::Step;
 use tollgate_core::algorithm::{self, FixedWindowState, Record, State, TokenBucketState};
 use tollgate_core::algorithm::{expires_at_ms, fixed_window, token_bucket};
 use tollgate_core::{
@@ -83,7 +84,8 @@ impl ParamsTable {
         }
     }
 
-    #[inline]
+    #[allow(clippy::inline_always)] // left out of line otherwise, on every call
+    #[inline(always)]
     fn get(&self, id: u8) -> &Governing {
         self.entries[usize::from(id)]
             .get()
@@ -289,13 +291,46 @@ enum Slot {
     Boxed(Box<Boxed>),
 }
 
-/// The fast path's decision on an alive token bucket holding `s`, written under `held`: what
+/// The fast path's step on an alive token bucket holding `s`, written under `held`: what
 /// [`algorithm::apply`] decides when `policy` lets the stored parameters govern as they are and
-/// the cost fits them, with `s` and `ttl` then the state written and the TTL it gets (both
-/// unchanged when nothing is written; the expiry is [`expires_at_ms`]`(now, ttl)`, computed by
-/// a caller that keeps it); `None` elsewhere, or when the state written would not be compact
-/// (the clock behind the bucket leaving an expiry the record does not give, a time past
-/// [`MAX_TIME`]), and then nothing is changed.
+/// the cost fits them, as the numbers the decision is made of ([`Step::decision`] builds it;
+/// the state is written, with TTL [`Step::ttl_micros`], when [`Step::writes`]); `None`
+/// elsewhere, or when the state written would not be compact (the clock behind the bucket
+/// leaving an expiry the record does not give, a time past [`MAX_TIME`]).
+#[allow(clippy::inline_always)] // on every call of a hot key, lent or not
+#[inline(always)]
+fn step_token_bucket<'h>(
+    held: &'h Governing,
+    policy: &Policy,
+    now: u64,
+    cost: u64,
+    s: TokenBucketState,
+) -> Option<(Step, &'h TokenBucket)> {
+    let Algorithm::TokenBucket(p) = &held.params else {
+        return None;
+    };
+    if !held.governs(policy) || cost > p.capacity {
+        return None;
+    }
+    let step = Step::of(s, p, now, cost);
+    // Written with the clock behind the bucket, the expiry may not be the one the record gives,
+    // and past `MAX_TIME` the time does not fit: the general path boxes such a record. (The TTL
+    // is computed only then: the fast path does not keep it.)
+    if step.writes(p)
+        && (step.next.updated > MAX_TIME
+            || (now < s.updated
+                && token_bucket_expiry(p, step.next)
+                    != expires_at_ms(now, step.ttl_micros(p, now))))
+    {
+        return None;
+    }
+    Some((step, p))
+}
+
+/// [`step_token_bucket`] and its decision, with `s` and `ttl` then the state written and the
+/// TTL it gets (both unchanged when nothing is written; the expiry is
+/// [`expires_at_ms`]`(now, ttl)`, computed by a caller that keeps it); `None` and nothing
+/// changed where `step_token_bucket` says `None`.
 #[allow(clippy::inline_always)] // on every call of a hot key, lent or not
 #[inline(always)]
 fn decide_token_bucket(
@@ -306,25 +341,11 @@ fn decide_token_bucket(
     s: &mut TokenBucketState,
     ttl: &mut Option<u64>,
 ) -> Option<Decision> {
-    let Algorithm::TokenBucket(p) = &held.params else {
-        return None;
-    };
-    if !held.governs(policy) || cost > p.capacity {
-        return None;
-    }
-    let mut next = *s;
-    let out = token_bucket::apply_in_place(&mut next, p, now, cost, true);
-    if let Some(written) = out.ttl_micros {
-        // Written with the clock behind the bucket, the expiry may not be the one the record
-        // gives, and past `MAX_TIME` the time does not fit: the general path boxes such a
-        // record. (The expiry is computed only then: the fast path does not keep it.)
-        if next.updated > MAX_TIME
-            || (now < s.updated && token_bucket_expiry(p, next) != expires_at_ms(now, written))
-        {
-            return None;
-        }
-        *s = next;
-        *ttl = Some(written);
+    let (step, p) = step_token_bucket(held, policy, now, cost, *s)?;
+    let out = step.outcome(p, now, true);
+    if out.ttl_micros.is_some() {
+        *s = step.next;
+        *ttl = out.ttl_micros;
     }
     Some(out.decision)
 }
@@ -618,33 +639,34 @@ impl Bucket {
         // `apply`'s callers have checked the cost against the caller's policy
         // (`Policy::check_cost`); against stored parameters it is checked below.
         debug_assert!(policy.check_cost(cost).is_ok());
+        if let Some((step, p, n)) = self.fast_token_bucket(table, policy, now, cost, unit) {
+            *note = n;
+            return Some(step.decision(p, now));
+        }
         let Slot::Compact(c) = &mut self.slot else {
             return None;
         };
         match policy.algorithm() {
             Algorithm::TokenBucket(_) => {
-                let Some((id, mut s)) = c.as_token_bucket() else {
+                // Not a live bucket whose parameters govern the call as they are: a missing or
+                // expired one starts full, any other goes to the general path.
+                let Some((id, s)) = c.as_token_bucket() else {
                     return if c.code() == MISSING {
                         Self::fresh_token_bucket(c, table, policy, now, cost, unit, false, note)
                     } else {
                         None
                     };
                 };
-                let held = table.get(id);
-                let Algorithm::TokenBucket(p) = &held.params else {
+                let Algorithm::TokenBucket(p) = &table.get(id).params else {
                     return None;
                 };
-                // what `is_hot` says of the bucket before the call
-                let hot = now < s.updated.saturating_add(HOT_US);
-                if !token_bucket_alive(p, s, now / 1000) {
-                    // Expired: a missing bucket (a clock stepping back later cannot bring it
-                    // back, as with Redis's lazy expiry).
-                    return Self::fresh_token_bucket(c, table, policy, now, cost, unit, hot, note);
+                if token_bucket_alive(p, s, now / 1000) {
+                    return None;
                 }
-                let decision = decide_token_bucket(held, policy, now, cost, &mut s, &mut None)?;
-                *c = Compact::token_bucket(id, s);
-                *note = LendNote::of(hot, s.level, unit);
-                Some(decision)
+                // Expired: a missing bucket (a clock stepping back later cannot bring it back,
+                // as with Redis's lazy expiry).
+                let hot = now < s.updated.saturating_add(HOT_US);
+                Self::fresh_token_bucket(c, table, policy, now, cost, unit, hot, note)
             }
             Algorithm::FixedWindow(_) => {
                 let (id, s) = c.as_fixed_window()?;
@@ -674,6 +696,48 @@ impl Bucket {
             }
             _ => None,
         }
+    }
+
+    /// The fast path's common case ([`Bucket::fast`] tries it first): a token-bucket call on a
+    /// live compact token bucket whose stored parameters govern it as they are. The bucket is
+    /// written as `fast` writes it, and the step is returned instead of the decision, with the
+    /// parameters it was decided under and the lending note, so that a caller holding a lock
+    /// builds the decision ([`Step::decision`]) after releasing it. `None`, and nothing
+    /// changed, for any other bucket or call.
+    #[allow(clippy::inline_always)] // on every call over many keys, under the shard's lock
+    #[inline(always)]
+    pub(crate) fn fast_token_bucket<'t>(
+        &mut self,
+        table: &'t ParamsTable,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        unit: u64,
+    ) -> Option<(Step, &'t TokenBucket, LendNote)> {
+        let Slot::Compact(c) = &mut self.slot else {
+            return None;
+        };
+        if !matches!(policy.algorithm(), Algorithm::TokenBucket(_)) {
+            return None;
+        }
+        let (id, s) = c.as_token_bucket()?;
+        let held = table.get(id);
+        let Algorithm::TokenBucket(p) = &held.params else {
+            return None;
+        };
+        if !token_bucket_alive(p, s, now / 1000) {
+            return None;
+        }
+        let (step, p) = step_token_bucket(held, policy, now, cost, s)?;
+        // what `is_hot` says of the bucket before the call
+        let hot = now < s.updated.saturating_add(HOT_US);
+        let after = if step.writes(p) {
+            *c = Compact::token_bucket(id, step.next);
+            step.next
+        } else {
+            s
+        };
+        Some((step, p, LendNote::of(hot, after.level, unit)))
     }
 
     /// The fast path's new token bucket (missing, or expired): full under the caller's

@@ -321,6 +321,28 @@ impl<C: Clock> LocalStore<C> {
             return Ok(d);
         }
         if let Some(mut bucket) = self.map.get_mut(key) {
+            // The common call, a live token bucket whose parameters govern it: the state is
+            // written under the shard's lock and the decision built once the lock is released
+            // (its divisions and `Duration`s then neither hold the lock nor wait under it for
+            // the map slot's cache miss), and the lending guard is built only when it lends.
+            if let Some((step, p, note)) =
+                bucket.fast_token_bucket(&self.params, policy, now, cost, unit)
+            {
+                if note.maybe {
+                    // lent, if the slot takes it, as the guard drops: under the lock
+                    drop(Lending {
+                        lent: &self.lent,
+                        params: &self.params,
+                        bucket: &mut bucket,
+                        key,
+                        unit,
+                        now,
+                        note,
+                    });
+                }
+                drop(bucket);
+                return Ok(step.decision(p, now));
+            }
             return self.apply_lending(&mut bucket, key, unit, policy, now, cost);
         }
         self.acquire_new(key, policy, cost, now)

@@ -67,6 +67,106 @@ pub fn apply_in_place(
     out
 }
 
+/// A token-bucket decision reduced to the numbers it is made of: whether the call was admitted,
+/// the units it needed and the state after it. [`apply`] and [`apply_in_place`] are this step
+/// and its [`Step::outcome`]; a store may write [`Step::next`] first and build the decision
+/// ([`Step::decision`]) after it has released what it holds, from these numbers alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Whether the call was admitted.
+    pub allowed: bool,
+    /// The units the call needed (`cost * unit`).
+    pub need: u64,
+    /// The state after the call: refilled to its effective time (`max(now, updated)`), less
+    /// the cost if admitted. A commit writes it when the step [`writes`](Step::writes).
+    pub next: TokenBucketState,
+}
+
+impl Step {
+    /// `cost` at `now` on a bucket holding `state`, decided under `p` (the parameters that
+    /// govern it: the caller applies a policy change first).
+    #[allow(clippy::inline_always)] // the local store's hot path; the scripts' model
+    #[inline(always)]
+    pub fn of(state: TokenBucketState, p: &TokenBucket, now: u64, cost: u64) -> Self {
+        let eff = now.max(state.updated);
+        let level = level_at(p, state.level, state.updated, eff);
+        let need = cost * p.unit;
+        let allowed = level >= need;
+        Self {
+            allowed,
+            need,
+            next: TokenBucketState {
+                level: if allowed { level - need } else { level },
+                updated: eff,
+            },
+        }
+    }
+
+    /// Whether a commit writes [`Step::next`]: an admission, or any call under a cap on
+    /// credited time (see the module's docs).
+    #[allow(clippy::inline_always)] // see `Step::of`
+    #[inline(always)]
+    pub fn writes(&self, p: &TokenBucket) -> bool {
+        self.allowed || p.max_elapsed_micros.is_some()
+    }
+
+    /// The TTL (µs) a commit that [`writes`](Step::writes) sets: the time the bucket takes to
+    /// be full again, at least 1.
+    #[allow(clippy::inline_always)] // see `Step::of`
+    #[inline(always)]
+    pub fn ttl_micros(&self, p: &TokenBucket, now: u64) -> u64 {
+        self.reset_after(p, now).max(1)
+    }
+
+    /// Microseconds from `now` until the bucket is full again.
+    #[allow(clippy::inline_always)] // see `Step::of`
+    #[inline(always)]
+    fn reset_after(&self, p: &TokenBucket, now: u64) -> u64 {
+        // eff >= now: differences first, so no instant near the end of u64 overflows
+        let s = self.next;
+        (s.updated - now).saturating_add(div_ceil(p.capacity_units() - s.level, p.rate))
+    }
+
+    /// The decision, as [`apply`] returns it.
+    #[allow(clippy::inline_always)] // see `Step::of`
+    #[inline(always)]
+    pub fn decision(&self, p: &TokenBucket, now: u64) -> Decision {
+        self.outcome(p, now, false).decision
+    }
+
+    /// The outcome, as [`apply`] returns it; `commit`: whether the state is written when the
+    /// step [`writes`](Step::writes).
+    #[allow(clippy::inline_always)] // see `Step::of`
+    #[inline(always)]
+    pub fn outcome(&self, p: &TokenBucket, now: u64, commit: bool) -> Outcome {
+        let TokenBucketState {
+            level,
+            updated: eff,
+        } = self.next;
+        // With a cap on credited time, one call after a longer wait is credited only the cap:
+        // the retry then points at the next call that moves the bucket, and following
+        // retry_after call after call is admitted at the earliest possible instant.
+        let retry_after = (!self.allowed).then(|| {
+            let wait = div_ceil(self.need - level, p.rate);
+            (eff - now).saturating_add(p.max_elapsed_micros.map_or(wait, |max| wait.min(max)))
+        });
+        let reset_after = self.reset_after(p, now);
+        Outcome {
+            decision: Decision::shared(
+                self.allowed,
+                p.capacity,
+                div_floor(level, p.unit),
+                retry_after,
+                reset_after,
+            ),
+            // A denial writes nothing unless credit is capped per call (the module's docs say
+            // what a later call sees then).
+            ttl_micros: (commit && self.writes(p)).then_some(reset_after.max(1)),
+            keep_expiry: false,
+        }
+    }
+}
+
 /// One decision on a bucket that held `stored` units at `updated`: the outcome and the state a
 /// commit writes. Always inlined: returned through memory, the pair costs a store-forwarding
 /// stall per call on the hot path.
@@ -80,42 +180,16 @@ fn step(
     cost: u64,
     commit: bool,
 ) -> (Outcome, TokenBucketState) {
-    let cap = p.capacity_units();
-    let eff = now.max(updated);
-    let level = level_at(p, stored, updated, eff);
-
-    let need = cost * p.unit;
-    let allowed = level >= need;
-    let level = if allowed { level - need } else { level };
-    // With a cap on credited time, one call after a longer wait is credited only the cap: the
-    // retry then points at the next call that moves the bucket, and following retry_after call
-    // after call is admitted at the earliest possible instant.
-    let retry_after = (!allowed).then(|| {
-        let wait = div_ceil(need - level, p.rate);
-        (eff - now).saturating_add(p.max_elapsed_micros.map_or(wait, |max| wait.min(max)))
-    });
-    // eff >= now: differences first, so no instant near the end of u64 overflows
-    let reset_after = (eff - now).saturating_add(div_ceil(cap - level, p.rate));
-
-    let out = Outcome {
-        decision: Decision::shared(
-            allowed,
-            p.capacity,
-            div_floor(level, p.unit),
-            retry_after,
-            reset_after,
-        ),
-        // A denial writes nothing unless credit is capped per call (the module's docs say what
-        // a later call sees then).
-        ttl_micros: (commit && (allowed || p.max_elapsed_micros.is_some()))
-            .then_some(reset_after.max(1)),
-        keep_expiry: false,
-    };
-    let next = TokenBucketState {
-        level,
-        updated: eff,
-    };
-    (out, next)
+    let step = Step::of(
+        TokenBucketState {
+            level: stored,
+            updated,
+        },
+        p,
+        now,
+        cost,
+    );
+    (step.outcome(p, now, commit), step.next)
 }
 
 /// `x.div_ceil(d)` for `d >= 1`, without a hardware division in the common cases (a quotient
@@ -178,6 +252,51 @@ mod tests {
         match *Policy::token_bucket(capacity, rate).unwrap().algorithm() {
             Algorithm::TokenBucket(t) => t,
             _ => unreachable!(),
+        }
+    }
+
+    proptest::proptest! {
+        /// A store that writes a step's state and builds its decision later gets what `apply`
+        /// returns: the same decision, a write exactly when `apply`'s commit writes, with the
+        /// same TTL and state.
+        #[test]
+        fn a_step_is_what_apply_decides_and_writes(
+            capacity in 1u64..1_000,
+            tokens in 1u64..1_000_000,
+            period_ms in 1u64..10_000_000,
+            capped in proptest::option::of(1u64..10_000_000),
+            level_frac in 0u64..=1_000,
+            updated_off in 0u64..20_000_000,
+            back in proptest::bool::ANY,
+            cost_frac in 0u64..1_000,
+        ) {
+            let mut policy = Policy::token_bucket(
+                capacity,
+                Rate::new(tokens, Duration::from_millis(period_ms)),
+            )
+            .unwrap();
+            if let Some(us) = capped {
+                policy = policy.with_max_elapsed(Duration::from_micros(us)).unwrap();
+            }
+            let Algorithm::TokenBucket(p) = *policy.algorithm() else { unreachable!() };
+            let now = 1_700_000_000_000_000u64;
+            let state = TokenBucketState {
+                level: p.capacity_units() / 1_000 * level_frac,
+                // a clock behind the bucket as well as ahead of it
+                updated: if back { now + updated_off } else { now - updated_off },
+            };
+            let cost = 1 + capacity * cost_frac / 1_000 % capacity;
+
+            let step = Step::of(state, &p, now, cost);
+            let mut stored = Some(state);
+            let out = apply(&mut stored, &p, now, cost, true);
+            proptest::prop_assert_eq!(step.decision(&p, now), out.decision.clone());
+            proptest::prop_assert_eq!(step.outcome(&p, now, true), out.clone());
+            proptest::prop_assert_eq!(step.writes(&p), out.ttl_micros.is_some());
+            if let Some(ttl) = out.ttl_micros {
+                proptest::prop_assert_eq!(step.ttl_micros(&p, now), ttl);
+            }
+            proptest::prop_assert_eq!(stored, Some(step.next));
         }
     }
 
