@@ -120,8 +120,15 @@ fn auth_refused(err: &RedisError) -> StoreError {
     ))
 }
 
+/// An outage, its message naming what Redis said: redis-rs's category for the replies it
+/// knows (`LOADING` is "busy loading", `READONLY` "read-only"), the reply's own code for the
+/// others (`OOM`, `NOREPLICAS`, `MISCONF`), which redis-rs lumps together as "extension error".
 fn unavailable(err: &RedisError) -> StoreError {
-    StoreError::unavailable(format!("Redis: {}", err.category()), err.clone())
+    let what = match (err.kind(), err.code()) {
+        (ErrorKind::Extension, Some(code)) => code,
+        _ => err.category(),
+    };
+    StoreError::unavailable(format!("Redis: {what}"), err.clone())
 }
 
 #[cfg(test)]
@@ -202,6 +209,36 @@ mod tests {
             "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk. Commands that may modify the data set are disabled, because this instance is configured to report errors during writes if RDB snapshotting fails (stop-writes-on-bgsave-error option). Please check the Redis logs for details about the RDB error. script: edfb0b9e13f4845e7d148d8539b7a6bdc5c42c15, on @user_script:1.",
         ] {
             assert_eq!(class(&reply(line)), ErrorClass::Unavailable, "{line}");
+        }
+    }
+
+    /// The message is what a limiter's warning shows (`error = store unavailable: …`): it
+    /// names the reply, so that an operator can tell memory from persistence from replicas.
+    #[test]
+    fn refused_writes_name_the_reply_in_the_message() {
+        for (line, message) in [
+            (
+                "OOM command not allowed when used memory > 'maxmemory'. script: 5dfa, on @user_script:902.",
+                "store unavailable: Redis: OOM",
+            ),
+            (
+                "NOREPLICAS Not enough good replicas to write.",
+                "store unavailable: Redis: NOREPLICAS",
+            ),
+            (
+                "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+                "store unavailable: Redis: MISCONF",
+            ),
+            (
+                "LOADING Redis is loading the dataset in memory",
+                "store unavailable: Redis: busy loading",
+            ),
+            (
+                "READONLY You can't write against a read only replica.",
+                "store unavailable: Redis: read-only",
+            ),
+        ] {
+            assert_eq!(classify(&reply(line)).to_string(), message, "{line}");
         }
     }
 
