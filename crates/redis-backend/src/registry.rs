@@ -52,7 +52,9 @@ pub enum RegistryError {
         /// The generation.
         generation: u64,
     },
-    /// A stored entry does not parse (written by something else, or a newer version).
+    /// A stored entry cannot be read (written by something else, or a newer version): not
+    /// UTF-8, not `"<generation> <spec>"`, a spec that does not parse, or a generation before
+    /// the space other than the spec's.
     #[error("the registry entry of policy {name:?} does not parse: {error}")]
     Corrupt {
         /// The name.
@@ -110,12 +112,60 @@ fn check_name(name: &str) -> Result<(), RegistryError> {
         .map_err(|_| RegistryError::BadName(name.to_owned()))
 }
 
-fn parse_entry(name: &str, value: &str) -> Result<Policy, RegistryError> {
-    let spec = value.split_once(' ').map_or(value, |(_, spec)| spec);
-    spec.parse().map_err(|error| RegistryError::Corrupt {
+/// At most this much of an unreadable entry is quoted in its error (a hand-written value may
+/// be large, and a follower logs the error at every poll).
+const QUOTED: usize = 64;
+
+/// An unreadable entry's error: `value` (quoted, shortened) is not an entry because `reason`.
+fn unreadable(name: &str, value: &str, reason: &str) -> RegistryError {
+    let mut quoted: String = value.chars().take(QUOTED).collect();
+    if quoted.len() < value.len() {
+        quoted.push('…');
+    }
+    RegistryError::Corrupt {
+        name: name.to_owned(),
+        error: SpecError::BadValue {
+            name: "registry entry".to_owned(),
+            value: quoted,
+            reason: reason.to_owned(),
+        },
+    }
+}
+
+/// Reads a stored entry, `"<generation> <spec>"`. The publication script orders entries by
+/// the generation before the space (`registry_publish.lua`), so an entry is read only when
+/// that generation is there, in decimal digits, and is the spec's own: an entry whose two
+/// generations disagree (a hand edit) would have followers switch to a generation the
+/// registry does not hold, and then ignore the next publication the registry accepts.
+fn parse_entry(name: &str, value: &[u8]) -> Result<Policy, RegistryError> {
+    let Ok(value) = std::str::from_utf8(value) else {
+        return Err(unreadable(
+            name,
+            &String::from_utf8_lossy(value),
+            "not UTF-8",
+        ));
+    };
+    let Some((stored, spec)) = value
+        .split_once(' ')
+        .filter(|(g, _)| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
+    else {
+        return Err(unreadable(name, value, "expected \"<generation> <spec>\""));
+    };
+    let policy: Policy = spec.parse().map_err(|error| RegistryError::Corrupt {
         name: name.to_owned(),
         error,
-    })
+    })?;
+    if stored.parse::<u64>().ok() != Some(policy.generation()) {
+        return Err(unreadable(
+            name,
+            value,
+            &format!(
+                "filed under generation {stored}, but its spec is generation {}",
+                policy.generation()
+            ),
+        ));
+    }
+    Ok(policy)
 }
 
 impl RedisRegistry {
@@ -254,24 +304,31 @@ impl RedisRegistry {
         check_name(name)?;
         let mut cmd = redis::cmd("HGET");
         cmd.arg(&self.key).arg(name);
-        let value: Option<String> = self.query(&cmd).await?;
+        let value: Option<Vec<u8>> = self.query(&cmd).await?;
         value.map(|v| parse_entry(name, &v)).transpose()
     }
 
     /// Every published entry, by name, each with its policy or, for an entry this version
     /// cannot read ([`RegistryError::Corrupt`]: during a rolling upgrade, a newer version's
-    /// algorithm), why: one unreadable entry does not hide the others.
+    /// algorithm; a hand-written value), why: one unreadable entry does not hide the others.
+    /// A field whose name is not UTF-8 is listed, lossily, with [`RegistryError::BadName`].
     pub async fn list(
         &self,
     ) -> Result<Vec<(String, Result<Policy, RegistryError>)>, RegistryError> {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(&self.key);
-        let entries: Vec<(String, String)> = self.query(&cmd).await?;
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = self.query(&cmd).await?;
         let mut out: Vec<_> = entries
             .into_iter()
-            .map(|(name, v)| {
-                let policy = parse_entry(&name, &v);
-                (name, policy)
+            .map(|(name, v)| match String::from_utf8(name) {
+                Ok(name) => {
+                    let policy = parse_entry(&name, &v);
+                    (name, policy)
+                }
+                Err(e) => {
+                    let name = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                    (name.clone(), Err(RegistryError::BadName(name)))
+                }
             })
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -436,7 +493,7 @@ mod tests {
     #[test]
     fn registry_error_sources_are_the_underlying_errors() {
         let spec = "no-such-algorithm:x=1".parse::<Policy>().unwrap_err();
-        let corrupt = parse_entry("api", "1 no-such-algorithm:x=1").unwrap_err();
+        let corrupt = parse_entry("api", b"1 no-such-algorithm:x=1").unwrap_err();
         assert_eq!(
             corrupt.to_string(),
             format!("the registry entry of policy \"api\" does not parse: {spec}")
