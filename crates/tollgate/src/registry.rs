@@ -19,6 +19,11 @@
 //! it does not: a silent subscription would never end, and its notices (resets among them)
 //! would be lost for good.
 //!
+//! A registry that loses the followed generation (its server restarted empty, flushed, an
+//! entry edited down) gets it back: a follower that reads nothing, or an older generation, than
+//! the newest it took from the registry publishes that one again (logged), so an instance
+//! started afterwards does not take an older policy and run it for good beside the others.
+//!
 //! During that window instances run different generations on the same buckets. That is safe:
 //! a bucket written by a newer generation decides older callers under the newer parameters
 //! (see `docs/policy-changes.md`), so the fleet enforces one policy per bucket from the first
@@ -43,7 +48,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::Policy;
-use tollgate_redis::{Notice, RedisRegistry, RegistryError, Subscription};
+use tollgate_redis::{Notice, Published, RedisRegistry, RegistryError, Subscription};
 
 use crate::Limiter;
 
@@ -85,6 +90,10 @@ struct Follow {
     name: String,
     limiters: Vec<Limiter>,
     tx: watch::Sender<Policy>,
+    /// The newest publication read from the registry (the highest generation; of one
+    /// generation, the last read): what [`Follow::refresh`] publishes again if the registry
+    /// loses it.
+    taken: Option<Policy>,
     /// Runs in [`Follow::apply`] after a limiter's policy was found older than the
     /// publication and before the switch: where a concurrent switch races the follower.
     #[cfg(test)]
@@ -124,21 +133,59 @@ impl Follow {
         switched
     }
 
-    async fn refresh(&self) {
+    /// Records `published`, read from the registry, and returns the publication the registry
+    /// has lost, if any: the newest one read before, when the registry now holds nothing or
+    /// an older generation (its server restarted empty or was flushed, or a hand edit).
+    fn take(&mut self, published: Option<Policy>) -> Option<Policy> {
+        match (published, self.taken) {
+            (Some(p), Some(t)) if p.generation() < t.generation() => Some(t),
+            (Some(p), _) => {
+                self.taken = Some(p);
+                None
+            }
+            (None, taken) => taken,
+        }
+    }
+
+    /// Publishes `lost` again: the buckets the fleet wrote carry its generation and decide
+    /// every older caller under it (the newest generation governs), so a registry without it
+    /// would start new instances on an older policy that governs nothing they share, and keep
+    /// the fleet on two policies for good. Whoever wins a race (another follower restoring it,
+    /// a newer publication) is read at the next notification or poll.
+    async fn restore(&self, lost: Policy) {
+        match self.registry.publish(&self.name, &lost).await {
+            Ok(Published::Stored) => tracing::warn!(
+                name = %self.name, policy = %lost,
+                "policy registry had lost the followed generation (restarted empty, flushed or edited); published it again"
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(
+                name = %self.name, policy = %lost, %error,
+                "policy registry had lost the followed generation; publishing it again failed"
+            ),
+        }
+    }
+
+    async fn refresh(&mut self) {
         match self.registry.get(&self.name).await {
-            Ok(Some(p)) => {
-                if self.apply(p) {
+            Ok(published) => {
+                let lost = self.take(published);
+                if let Some(p) = published
+                    && self.apply(p)
+                {
                     tracing::info!(name = %self.name, policy = %p, "following a newly published policy");
                 }
+                if let Some(lost) = lost {
+                    self.restore(lost).await;
+                }
             }
-            Ok(None) => {}
             Err(error) => {
                 tracing::warn!(name = %self.name, %error, "policy registry poll failed; keeping the current policy");
             }
         }
     }
 
-    async fn run(self, mut sub: Option<Subscription>, poll_interval: Duration) {
+    async fn run(mut self, mut sub: Option<Subscription>, poll_interval: Duration) {
         let mut tick = tokio::time::interval(poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -225,6 +272,7 @@ impl PolicyFollower {
             name: name.clone(),
             limiters: limiters.to_vec(),
             tx,
+            taken: published,
             #[cfg(test)]
             between: None,
         };
@@ -332,6 +380,7 @@ mod tests {
             name: "api".to_owned(),
             limiters: vec![limiter.clone()],
             tx: watch::channel(limiter.policy()).0,
+            taken: None,
             between,
         }
     }

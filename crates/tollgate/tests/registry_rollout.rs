@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::redis::{RedisRegistry, RedisStore, RegistryError};
+use tollgate::redis::{Published, RedisRegistry, RedisStore, RegistryError};
 use tollgate::registry::PolicyFollower;
 use tollgate::{FailureMode, Limiter, Policy};
 use tollgate_testkit::server::RedisServer;
@@ -223,4 +223,82 @@ async fn a_lagging_instance_is_decided_under_the_newer_generation_and_says_so() 
     lagging.check(["k"], 1).await.unwrap();
     let d = lagging.check(["k"], 1).await.unwrap();
     assert_eq!((d.allowed, d.limit, d.remaining), (false, 4, 0));
+}
+
+/// The registry's server restarts empty under a fleet on generation 5, and someone publishes
+/// generation 1 there (the registry, empty, accepts it). Before, the instances on generation 5
+/// refused it (older) and an instance started afterwards took it: two policies in the fleet
+/// for good, and a registry that no longer named the generation the buckets carry. A follower
+/// that finds the registry without the newest generation it took from it (nothing, or an older
+/// one) publishes that one again, so every instance, new ones too, ends on generation 5, and a
+/// later publication of an older generation is refused as `Stale`.
+#[tokio::test]
+async fn a_registry_restarted_empty_gets_the_fleets_generation_back() {
+    let mut server = RedisServer::start();
+    let g5 = generation(5, 10);
+    registry(&server).await.publish("api", &g5).await.unwrap();
+    let a = instance(&server, generation(0, 10)).await;
+    // A polls every second: B starts, and takes generation 1, well before A's next poll.
+    let fa = PolicyFollower::start(
+        registry(&server).await,
+        "api",
+        std::slice::from_ref(&a),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.policy(), g5);
+    server.restart();
+    let reg = registry(&server).await;
+    let g1 = generation(1, 4);
+    // Stored, or refused as stale if the follower put generation 5 back first.
+    let published = reg.publish("api", &g1).await;
+    assert!(
+        matches!(
+            published,
+            Ok(_) | Err(RegistryError::Stale { stored: 5, .. })
+        ),
+        "{published:?}"
+    );
+    let b = instance(&server, generation(0, 10)).await;
+    let fb = follow(&server, &b).await.unwrap();
+    let at_start = b.policy();
+    let started = std::time::Instant::now();
+    converge(&[&a, &b], g5, fa.bound() * 3).await;
+    eprintln!(
+        "B started on {at_start}; every instance on generation 5 {:?} later (A's bound {:?})",
+        started.elapsed(),
+        fa.bound()
+    );
+    tokio::time::timeout(fa.bound() * 3, async {
+        while reg.get("api").await.ok().flatten() != Some(g5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the registry holds generation 5 again");
+    assert!(matches!(
+        reg.publish("api", &g1).await,
+        Err(RegistryError::Stale {
+            stored: 5,
+            offered: 1,
+            ..
+        })
+    ));
+    // Flushed under live subscriptions (no reconnection to notice): generation 1 is stored
+    // and announced, and the followers, reading it, put generation 5 back.
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    assert_eq!(reg.publish("api", &g1).await.unwrap(), Published::Stored);
+    let c = instance(&server, generation(0, 10)).await;
+    let fc = follow(&server, &c).await.unwrap();
+    let started = std::time::Instant::now();
+    converge(&[&a, &b, &c], g5, fa.bound() * 3).await;
+    eprintln!(
+        "after a flush, every instance on generation 5 {:?} after C started",
+        started.elapsed()
+    );
+    assert_eq!(reg.get("api").await.unwrap(), Some(g5));
+    drop((fa, fb, fc));
 }
