@@ -42,6 +42,8 @@ const RULES: &[&str] = &[
     "+time",
     "+pexpiretime",
     "+ping",
+    "+multi",
+    "+exec",
 ];
 
 /// The documented rules added behind Sentinel, on every data node (docs/security.md): redis-rs
@@ -214,6 +216,23 @@ async fn exercise(store: &RedisStore, flush: &dyn Fn()) {
         assert_eq!((ds[0].remaining, ds[1].remaining), (0, 0), "{p}");
         store.reset(&k, p).await.unwrap();
         assert_eq!(store.peek(&k, p, 1).await.unwrap().remaining, 2, "{p}");
+        // A batch naming a key twice: one transaction (`MULTI` … `EXEC`), decided in order.
+        let twice = [
+            Acquire {
+                key: &k,
+                policy: p,
+                cost: 2,
+            },
+            Acquire {
+                key: &k,
+                policy: p,
+                cost: 2,
+            },
+        ];
+        let ds: Vec<_> = store.acquire_many(&twice).await.unwrap();
+        let ds: Vec<_> = ds.into_iter().map(Result::unwrap).collect();
+        assert!(ds[0].allowed && !ds[1].allowed, "{p}: {ds:?}");
+        store.reset(&k, p).await.unwrap();
         // The script cache is lost (restart, failover, SCRIPT FLUSH): EVAL reloads it.
         flush();
         assert!(store.acquire(&k, p, 3).await.unwrap().allowed, "{p}");
