@@ -25,7 +25,7 @@ use tollgate_core::{
     Algorithm, Decision, FixedWindow, Policy, PolicyError, StoreError, TokenBucket,
 };
 
-use crate::lent::{COLD_US, HOT_US, Held};
+use crate::lent::{COLD_US, HOT_US, Held, LentTable, SlotKey};
 
 /// Distinct (generation, parameters) pairs a store interns; buckets written under more are
 /// boxed.
@@ -350,6 +350,15 @@ fn decide_token_bucket(
     Some(out.decision)
 }
 
+/// A fast-path call on a live compact token bucket ([`Bucket::fast_token_bucket`]): its step,
+/// the parameters it was decided under (the bucket's), and what it saw for lending.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FastStep<'t> {
+    pub(crate) step: Step,
+    pub(crate) p: &'t TokenBucket,
+    pub(crate) note: LendNote,
+}
+
 /// What a call under the shard's lock saw of its bucket, for lending it after the call
 /// ([`Bucket::lendable`]): whether the bucket was hot before the call ([`Bucket::is_hot`]), and
 /// whether it may be worth lending at all (`false`: certainly not, so the caller need not ask).
@@ -639,9 +648,9 @@ impl Bucket {
         // `apply`'s callers have checked the cost against the caller's policy
         // (`Policy::check_cost`); against stored parameters it is checked below.
         debug_assert!(policy.check_cost(cost).is_ok());
-        if let Some((step, p, n)) = self.fast_token_bucket(table, policy, now, cost, unit) {
-            *note = n;
-            return Some(step.decision(p, now));
+        if let Some(f) = self.fast_token_bucket(table, policy, now, cost, unit) {
+            *note = f.note;
+            return Some(f.step.decision(f.p, now));
         }
         let Slot::Compact(c) = &mut self.slot else {
             return None;
@@ -700,10 +709,10 @@ impl Bucket {
 
     /// The fast path's common case ([`Bucket::fast`] tries it first): a token-bucket call on a
     /// live compact token bucket whose stored parameters govern it as they are. The bucket is
-    /// written as `fast` writes it, and the step is returned instead of the decision, with the
-    /// parameters it was decided under and the lending note, so that a caller holding a lock
-    /// builds the decision ([`Step::decision`]) after releasing it. `None`, and nothing
-    /// changed, for any other bucket or call.
+    /// written as `fast` writes it, and the step is returned instead of the decision
+    /// ([`FastStep`]), so that a caller holding a lock builds the decision
+    /// ([`Step::decision`]) after releasing it. `None`, and nothing changed, for any other
+    /// bucket or call.
     #[allow(clippy::inline_always)] // on every call over many keys, under the shard's lock
     #[inline(always)]
     pub(crate) fn fast_token_bucket<'t>(
@@ -713,7 +722,7 @@ impl Bucket {
         now: u64,
         cost: u64,
         unit: u64,
-    ) -> Option<(Step, &'t TokenBucket, LendNote)> {
+    ) -> Option<FastStep<'t>> {
         let Slot::Compact(c) = &mut self.slot else {
             return None;
         };
@@ -737,7 +746,44 @@ impl Bucket {
         } else {
             s
         };
-        Some((step, p, LendNote::of(hot, after.level, unit)))
+        Some(FastStep {
+            step,
+            p,
+            note: LendNote::of(hot, after.level, unit),
+        })
+    }
+
+    /// After a fast-path call whose note says the bucket may be worth lending and whose slot
+    /// may take it ([`LentTable::may_take`], asked first by the caller): [`Bucket::lendable`]'s
+    /// remaining test with what the call knows of the bucket, and the lend. Out of line: over
+    /// many dry keys most slots hold live states of others, and the caller stops at the tag.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn lend_after(
+        &mut self,
+        lent: &LentTable,
+        key: SlotKey<'_>,
+        f: &FastStep<'_>,
+        now: u64,
+    ) {
+        debug_assert!(f.note.maybe);
+        let Slot::Compact(c) = self.slot else {
+            return;
+        };
+        let Some((id, state)) = c.as_token_bucket() else {
+            return;
+        };
+        if !token_bucket_alive(f.p, state, now / 1000) {
+            return;
+        }
+        let p = Held {
+            id,
+            state,
+            expires_at_ms: token_bucket_expiry(f.p, state),
+        };
+        if lent.lend(key, &p, now / 1000) {
+            self.mark_lent();
+        }
     }
 
     /// The fast path's new token bucket (missing, or expired): full under the caller's

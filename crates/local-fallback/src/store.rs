@@ -305,9 +305,12 @@ impl<C: Clock> LocalStore<C> {
         // (`unit` > 0); any call may find its bucket lent there, or lend it.
         let unit = token_unit(policy);
         // Until a bucket is lent the slot table is empty, and the key's slot is not computed.
-        if unit > 0
-            && self.lent.ever_lent()
-            && let Some(slot_key) = SlotKey::new(key.as_str().as_bytes())
+        let slot_key = if unit > 0 && self.lent.ever_lent() {
+            SlotKey::new(key.as_str().as_bytes())
+        } else {
+            None
+        };
+        if let Some(slot_key) = slot_key
             && let Some(d) = self.lent.decide(
                 slot_key,
                 &OnLent {
@@ -325,23 +328,18 @@ impl<C: Clock> LocalStore<C> {
             // written under the shard's lock and the decision built once the lock is released
             // (its divisions and `Duration`s then neither hold the lock nor wait under it for
             // the map slot's cache miss), and the lending guard is built only when it lends.
-            if let Some((step, p, note)) =
-                bucket.fast_token_bucket(&self.params, policy, now, cost, unit)
-            {
-                if note.maybe {
-                    // lent, if the slot takes it, as the guard drops: under the lock
-                    drop(Lending {
-                        lent: &self.lent,
-                        params: &self.params,
-                        bucket: &mut bucket,
-                        key,
-                        unit,
-                        now,
-                        note,
-                    });
+            if let Some(f) = bucket.fast_token_bucket(&self.params, policy, now, cost, unit) {
+                // Lent, if worth it and its slot takes it, under the lock (the slot's tag word
+                // first; the key's slot is the one computed above, if it was).
+                if f.note.maybe
+                    && let Some(slot_key) =
+                        slot_key.or_else(|| SlotKey::new(key.as_str().as_bytes()))
+                    && self.lent.may_take(slot_key, now / 1000)
+                {
+                    bucket.lend_after(&self.lent, slot_key, &f, now);
                 }
                 drop(bucket);
-                return Ok(step.decision(p, now));
+                return Ok(f.step.decision(f.p, now));
             }
             return self.apply_lending(&mut bucket, key, unit, policy, now, cost);
         }
