@@ -724,3 +724,253 @@ impl<C: Clock> Store for LocalStore<C> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    use std::time::Duration;
+
+    use tollgate_core::algorithm::Record;
+    use tollgate_core::{ManualClock, PolicyError, Rate, Transition};
+
+    use crate::bucket::tests::{Rng, plain_apply, random_policy};
+
+    /// The largest time a compact bucket holds (2^56 - 1 µs), as `bucket.rs` has it.
+    const MAX_TIME: u64 = (1 << 56) - 1;
+
+    /// A token-bucket policy from one of the shapes the fast paths must decide exactly: one
+    /// token an hour (dry keys, lent), capacity 1, small and huge rates and capacities, a rate
+    /// needing large units, a cap on credited time.
+    fn token_policy(rng: &mut Rng) -> Policy {
+        let p = match rng.below(8) {
+            0 => Policy::token_bucket(1 + rng.below(3), Rate::new(1, Duration::from_secs(3600))),
+            1 => Policy::token_bucket(1, Rate::per_second(1 + rng.below(3))),
+            2 => Policy::token_bucket(2 + rng.below(8), Rate::per_second(1 + rng.below(1_000))),
+            3 => Policy::token_bucket(
+                1 + rng.below(1 << 30),
+                Rate::new(
+                    1 + rng.below(1 << 30),
+                    Duration::from_millis(1 + rng.below(10)),
+                ),
+            ),
+            4 => Policy::token_bucket(
+                1 + rng.below(50),
+                Rate::new(
+                    1 + rng.below(7),
+                    Duration::from_secs(1 + rng.below(10 * 365 * 24 * 3600)),
+                ),
+            ),
+            5 => Policy::token_bucket(
+                1 + rng.below(1_000),
+                Rate::new(
+                    1 + rng.below(1_000_000),
+                    Duration::from_secs(1 + rng.below(7)),
+                ),
+            ),
+            6 => Policy::token_bucket(1 + rng.below(20), Rate::new(7, Duration::from_secs(3)))
+                .and_then(|p| p.with_max_elapsed(Duration::from_micros(1 + rng.below(3_000_000)))),
+            _ => Policy::token_bucket(1 + rng.below(5), Rate::per_second(1 + rng.below(5)))
+                .and_then(|p| p.with_max_elapsed(Duration::from_micros(1 + rng.below(2_000)))),
+        };
+        // a shape past 2^52 units (refused) falls back to a plain one
+        let p = p.unwrap_or_else(|_| Policy::token_bucket(3, Rate::per_second(2)).unwrap());
+        let rules = Transition::ALL;
+        p.with_generation(rng.below(3))
+            .with_transition(rules[rng.below(rules.len() as u64) as usize])
+    }
+
+    /// The record and expiry the store holds for `key` (read from its slot when lent), and
+    /// whether it is lent.
+    fn held<C: Clock>(store: &LocalStore<C>, key: &Key) -> (Option<Record>, u64, bool) {
+        let Some(b) = store.map.get(key) else {
+            return (None, 0, false);
+        };
+        let lent = b.is_lent();
+        let copy;
+        let b = if lent {
+            let slot_key = SlotKey::new(key.as_str().as_bytes()).expect("a lent key has a slot");
+            copy = Bucket::of_held(store.lent.read(slot_key));
+            &copy
+        } else {
+            &*b
+        };
+        (
+            b.record(&store.params),
+            b.expires_at_ms(&store.params),
+            lent,
+        )
+    }
+
+    /// A seed's policies: token buckets of every shape, the first one's parameters under the
+    /// next generation, other parameters under its generation, and every third seed a policy
+    /// of any algorithm.
+    fn policies(rng: &mut Rng, seed: u64) -> Vec<Policy> {
+        let mut policies: Vec<Policy> = (0..2 + rng.below(3)).map(|_| token_policy(rng)).collect();
+        // the same parameters under another generation, and other parameters under the
+        // same generation
+        let first = policies[0];
+        policies.push(first.with_generation(first.generation() + 1));
+        policies.push(
+            token_policy(rng)
+                .with_generation(first.generation())
+                .with_transition(first.transition()),
+        );
+        if seed.is_multiple_of(3) {
+            policies.push(random_policy(rng));
+        }
+        policies
+    }
+
+    /// Keys in slots of their own (and one too long for a slot), and two keys sharing the
+    /// first one's slot.
+    fn keys() -> (Vec<Key>, Vec<Key>) {
+        let key = |part: String| Key::new("d", [part]).unwrap();
+        // a key's slot, from `SlotKey`'s Debug form (its fields are the lent module's)
+        let slot_of = |k: &Key| {
+            SlotKey::new(k.as_str().as_bytes()).map(|s| {
+                let shown = format!("{s:?}");
+                let at = shown.find("slot: ").expect("SlotKey shows its slot") + 6;
+                shown[at..]
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .expect("a slot number")
+            })
+        };
+        let mut taken = std::collections::HashSet::new();
+        let mut apart: Vec<Key> = (0..)
+            .map(|i| key(format!("k{i}")))
+            .filter(|k| taken.insert(slot_of(k)))
+            .take(40)
+            .collect();
+        apart.push(key("x".repeat(crate::lent::MAX_KEY)));
+        let sharing: Vec<Key> = (0..)
+            .map(|i| key(format!("s{i}")))
+            .filter(|k| slot_of(k) == slot_of(&apart[0]))
+            .take(2)
+            .collect();
+        (apart, sharing)
+    }
+
+    /// After a call at `now`: the store holds the model's record and expiry while the model's
+    /// is alive, and nothing alive otherwise. Returns whether the key is lent.
+    fn check_held<C: Clock>(
+        store: &LocalStore<C>,
+        key: &Key,
+        plain: Option<&Record>,
+        expiry: u64,
+        now: u64,
+        at: &str,
+    ) -> bool {
+        let (record, held_expiry, lent) = held(store, key);
+        if plain.is_some() && now / 1000 <= expiry {
+            assert_eq!(record.as_ref(), plain, "{at}: record");
+            assert_eq!(held_expiry, expiry, "{at}: expiry");
+        } else {
+            assert!(
+                record.is_none() || held_expiry < now / 1000,
+                "{at}: alive in the store only: {record:?} until {held_expiry}"
+            );
+        }
+        lent
+    }
+
+    /// `LocalStore::acquire_now` itself, over many keys (a few hot, most cold, one too long
+    /// for a slot), against the core on a plain record with Redis's expiry (`plain_apply`):
+    /// every decision equal, and after every call the record and expiry the store holds (in
+    /// the map or in the key's slot) equal to the model's while the model's is alive. Policies
+    /// of every shape on the same keys (capacity 1, cost = capacity, huge and tiny rates, a
+    /// cap on credited time, other generations and parameters, other algorithms), a clock that
+    /// stands still, creeps, jumps, steps back behind the buckets, and runs past 2^56 µs.
+    /// Keys get slots of their own (a slot taken over from an expired state drops it, which a
+    /// model whose clock steps back would bring back); odd seeds add two keys sharing one
+    /// slot, with a clock that never steps back. Prints a digest of every decision and lend,
+    /// to compare builds.
+    #[test]
+    fn acquire_now_decides_and_stores_exactly_as_the_core_over_many_keys() {
+        let (apart, sharing) = keys();
+        let (mut digest, mut calls, mut lent_calls, mut denials) =
+            (DefaultHasher::new(), 0u64, 0u64, 0u64);
+        for seed in 1..=400u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut keys = apart.clone();
+            let back = if seed.is_multiple_of(2) {
+                3_000_000
+            } else {
+                keys.extend(sharing.iter().cloned());
+                0
+            };
+            let hot = 1 + rng.below(4) as usize;
+            let mut now = if seed.is_multiple_of(5) {
+                // past 2^56 µs within a few calls
+                MAX_TIME - rng.below(30_000_000)
+            } else {
+                1_700_000_000_000_000 + rng.below(1 << 30)
+            };
+            let clock = ManualClock::new(now);
+            let store = LocalStore::builder()
+                .clock(clock.clone())
+                .sweep_every(usize::MAX)
+                .build();
+            let policies = policies(&mut rng, seed);
+            let mut model: HashMap<&Key, (Option<Record>, u64)> = HashMap::new();
+            for step in 0..400 {
+                let key = if rng.below(4) == 0 {
+                    &keys[rng.below(keys.len() as u64) as usize]
+                } else {
+                    &keys[rng.below(hot as u64) as usize]
+                };
+                // a hot key keeps its policy for a while, so that its calls take the fast path
+                let policy = if rng.below(8) == 0 {
+                    &policies[rng.below(policies.len() as u64) as usize]
+                } else {
+                    &policies[(seed as usize + keys.iter().position(|k| k == key).unwrap())
+                        % policies.len()]
+                };
+                now = match rng.below(20) {
+                    0 => now - rng.below(back + 1),
+                    1..=8 => now,
+                    9..=15 => now + rng.below(300),
+                    16 => now + rng.below(5_000),
+                    17 | 18 => now + rng.below(2_000_000),
+                    _ => now + rng.below(20_000_000),
+                };
+                clock.set(now);
+                let at = format!("seed {seed} step {step}: {key:?} at {now} under {policy}");
+                if rng.below(100) == 0 {
+                    store.reset_now(key);
+                    model.remove(key);
+                    continue;
+                }
+                let limit = policy.limit();
+                let cost = match rng.below(4) {
+                    0 => limit,
+                    1 => 1 + rng.below(limit),
+                    _ => 1,
+                };
+                let got = store.acquire_now(key, policy, cost).map_err(|e| match e {
+                    StoreError::InvalidPolicy(e) => e,
+                    other => panic!("{at}: {other}"),
+                });
+                let (plain, expiry) = model.entry(key).or_insert((None, 0));
+                let want: Result<Decision, PolicyError> =
+                    plain_apply(plain, expiry, policy, now, cost);
+                assert_eq!(got, want, "{at}");
+                let lent = check_held(&store, key, plain.as_ref(), *expiry, now, &at);
+                format!("{got:?}").hash(&mut digest);
+                lent.hash(&mut digest);
+                calls += 1;
+                lent_calls += u64::from(lent);
+                denials += u64::from(got.is_ok_and(|d| !d.allowed));
+            }
+        }
+        eprintln!(
+            "{calls} calls, {denials} denials, lent after {lent_calls}; digest {:016x}",
+            digest.finish()
+        );
+        assert!(lent_calls > 20_000, "slots were in play: {lent_calls}");
+        assert!(denials > 20_000, "denials were in play: {denials}");
+    }
+}
