@@ -305,12 +305,9 @@ impl<C: Clock> LocalStore<C> {
         // (`unit` > 0); any call may find its bucket lent there, or lend it.
         let unit = token_unit(policy);
         // Until a bucket is lent the slot table is empty, and the key's slot is not computed.
-        let slot_key = if unit > 0 && self.lent.ever_lent() {
-            SlotKey::new(key.as_str().as_bytes())
-        } else {
-            None
-        };
-        if let Some(slot_key) = slot_key
+        if unit > 0
+            && self.lent.ever_lent()
+            && let Some(slot_key) = SlotKey::new(key.as_str().as_bytes())
             && let Some(d) = self.lent.decide(
                 slot_key,
                 &OnLent {
@@ -330,10 +327,11 @@ impl<C: Clock> LocalStore<C> {
             // the map slot's cache miss), and the lending guard is built only when it lends.
             if let Some(f) = bucket.fast_token_bucket(&self.params, policy, now, cost, unit) {
                 // Lent, if worth it and its slot takes it, under the lock (the slot's tag word
-                // first; the key's slot is the one computed above, if it was).
+                // first). The key's slot is computed again rather than kept from the attempt
+                // above: kept, it cost a hot key's lent calls ~20 instructions more than it
+                // saves a dry key's here (cachegrind).
                 if f.note.maybe
-                    && let Some(slot_key) =
-                        slot_key.or_else(|| SlotKey::new(key.as_str().as_bytes()))
+                    && let Some(slot_key) = SlotKey::new(key.as_str().as_bytes())
                     && self.lent.may_take(slot_key, now / 1000)
                 {
                     bucket.lend_after(&self.lent, slot_key, &f, now);
