@@ -122,11 +122,12 @@ pub(crate) struct LoadArgs {
         conflicts_with_all = ["batch", "deny_cache", "ping", "bare_script", "compare_redis_benchmark"]
     )]
     eval_file: Option<std::path::PathBuf>,
-    /// After the run, run the same script, argument, keys, visiting order and concurrency bare
-    /// on the same server, as redis-benchmark would (pipeline 1 and 16; redis-benchmark itself
-    /// cannot send the script's binary argument), and report tollgate's ratio to it. Each of the
-    /// three runs then has keys of its own: `<prefix>cmp<nonce>.<run>:{load:k<i>}` (run 0 is
-    /// tollgate's), so none starts on buckets another left.
+    /// After the run, run the same script, argument, keys, visiting order, concurrency and
+    /// number of requests bare on the same server, as redis-benchmark would (pipeline 1 and 16;
+    /// redis-benchmark itself cannot send the script's binary argument), and report tollgate's
+    /// ratio to it. Each of the three runs then has keys of its own:
+    /// `<prefix>cmp<nonce>.<run>:{load:k<i>}` (run 0 is tollgate's), so none starts on buckets
+    /// another left.
     #[arg(long, requires = "redis")]
     compare_redis_benchmark: bool,
     /// What each instance does when the store cannot answer. The summary counts decisions by
@@ -717,7 +718,9 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
             args.cost,
             args.keys,
             args.instances * args.tasks,
-            requests.max(10_000),
+            // the run's own request count, so the ceiling visits each key as often (a floor
+            // of 10,000 gave a short run's sliding logs 100 entries in the ceiling against 3)
+            requests.max(1),
             summary.decisions_per_sec,
         )
         .await?;
@@ -828,9 +831,10 @@ fn print_human(s: &Summary) -> Result<()> {
     }
     for c in &s.redis_benchmark {
         crate::outln!(
-            "ceiling     bare EVALSHA, same script -c {} -P {}: {:.0} req/s; tollgate/ceiling = {:.2}",
+            "ceiling     bare EVALSHA, same script -c {} -P {} -n {}: {:.0} req/s; tollgate/ceiling = {:.2}",
             c.clients,
             c.pipeline,
+            c.requests,
             c.requests_per_sec,
             c.tollgate_ratio
         )?;

@@ -1,6 +1,6 @@
 //! What `tollgate load` measures, checked against the server's own record of the run: the
 //! rate's elapsed time against the span between the first and the last `EVALSHA` the server
-//! saw (MONITOR).
+//! saw (MONITOR), and the comparison's ceiling against the load run's own workload.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -136,4 +136,49 @@ fn the_rate_counts_the_time_spent_deciding() {
             e(s)
         );
     }
+}
+
+/// The comparison's ceiling runs the load run's workload: as many requests as the run made
+/// (before: at least 10,000, so a run of 300 requests over 100 keys, each key visited 3
+/// times, was compared with a ceiling of 10,000 requests visiting each key 100 times: its
+/// sliding logs held 100 entries against the load's 3, and the ratio compared two workloads).
+#[test]
+fn the_ceiling_runs_as_many_requests_as_the_load_run() {
+    let redis = RedisServer::start();
+    let s = load_json(&[
+        "--redis",
+        &redis.url(),
+        "--policy",
+        "sliding-log:limit=100,window=1m",
+        "--tasks",
+        "4",
+        "--requests",
+        "300",
+        "--keys",
+        "100",
+        "--compare-redis-benchmark",
+        "--json",
+    ]);
+    assert_eq!(s["errors"], 0, "{s}");
+    assert_eq!(s["requests"], 300, "{s}");
+    let ceilings = s["redis_benchmark"].as_array().expect("the ceilings");
+    assert_eq!(ceilings.len(), 2, "{s}");
+    for c in ceilings {
+        assert_eq!(c["requests"], 300, "the ceiling's -n: {c}");
+    }
+    // every key of every run (tollgate's and the two ceilings') visited as often: one log
+    // length for all 300 keys
+    let mut conn = redis.client().get_connection().unwrap();
+    let names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(names.len(), 300, "100 keys per run: {names:?}");
+    let mut sizes = std::collections::BTreeMap::<usize, usize>::new();
+    for name in &names {
+        let n: usize = redis::cmd("STRLEN").arg(name).query(&mut conn).unwrap();
+        *sizes.entry(n).or_default() += 1;
+    }
+    assert_eq!(
+        sizes.len(),
+        1,
+        "log lengths (bytes: keys) differ between the runs: {sizes:?}"
+    );
 }
