@@ -127,8 +127,8 @@ pub(crate) struct LoadArgs {
     /// redis-benchmark itself cannot send the script's binary argument), and report tollgate's
     /// ratio to it. Each of the three runs then has keys of its own:
     /// `<prefix>cmp<nonce>.<run>:{load:k<i>}` (run 0 is tollgate's), so none starts on buckets
-    /// another left.
-    #[arg(long, requires = "redis")]
+    /// another left. Not with `--ping` or `--deny-cache`, whose runs do other work.
+    #[arg(long, requires = "redis", conflicts_with_all = ["ping", "deny_cache"])]
     compare_redis_benchmark: bool,
     /// What each instance does when the store cannot answer. The summary counts decisions by
     /// enforcement (`shared`, `degraded`, `bypassed`) and refusals as `unavailable`, overall

@@ -241,6 +241,32 @@ fn out_of_range_duration_and_batch_are_clear_errors() {
     }
 }
 
+/// `--compare-redis-benchmark` compares decisions with their script run bare: with `--ping`
+/// (PINGs measured) or `--deny-cache` (denials answered without Redis) the load run's work is
+/// another, and the ratio was printed all the same. Refused before anything connects.
+#[test]
+fn the_comparison_is_refused_where_the_run_is_other_work() {
+    for extra in [&["--ping"][..], &["--deny-cache", "100"][..]] {
+        let mut args = vec![
+            "--policy",
+            "token-bucket:capacity=10,rate=2",
+            "--requests",
+            "10",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--compare-redis-benchmark",
+        ];
+        args.extend_from_slice(extra);
+        let out = load(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(
+            stderr.contains("--compare-redis-benchmark") && stderr.contains("cannot be used"),
+            "{extra:?}: {stderr}"
+        );
+    }
+}
+
 /// `--compare-redis-benchmark` reaches the server as the load did: a percent-encoded password
 /// (`p%40ss` for `p@ss`) was sent to AUTH undecoded (WRONGPASS), and the URL's database was
 /// dropped, so the ceiling wrote its keys into database 0.
