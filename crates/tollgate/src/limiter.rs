@@ -604,6 +604,12 @@ impl Limiter {
             ));
             let call = inner.store.acquire_many_by(&requests, deadline.into_std());
             let batch = match tokio::time::timeout_at(deadline, call).await {
+                // The store was told this deadline and reports missing it by the time it had
+                // left when it started (a hair under this timeout); a single call missing it
+                // is told this timeout, and so is each request of the batch.
+                Ok(Err(StoreError::Timeout(_))) if tokio::time::Instant::now() >= deadline => {
+                    Err(StoreError::Timeout(inner.timeout))
+                }
                 Ok(r) => r,
                 Err(_) => Err(StoreError::Timeout(inner.timeout)),
             };

@@ -193,3 +193,54 @@ fn a_closed_batch_on_a_dead_store_decides_as_one_by_one() {
         cost: 1,
     });
 }
+
+/// A batch that misses its deadline on a paused server tells each request what a single call
+/// missing it is told: the deadline that bound it, whichever of the limiter's and the store's
+/// it was. The batch said the time left when the store started on it ("store call timed out
+/// after 149.995203ms" where a single call says "150ms").
+#[tokio::test]
+async fn a_batch_missing_its_deadline_says_what_a_single_call_says() {
+    let mut server = RedisServer::start();
+    let policy = Policy::token_bucket(4, Rate::new(1, Duration::from_secs(3600))).unwrap();
+    let ms = Duration::from_millis;
+    // (the limiter's deadline, the store's): equal, the limiter's shorter, the store's shorter
+    let mut limiters = Vec::new();
+    for (i, (limiter_deadline, store_deadline)) in
+        [(ms(150), ms(150)), (ms(150), ms(300)), (ms(300), ms(150))]
+            .into_iter()
+            .enumerate()
+    {
+        let store = RedisStore::builder(server.url())
+            .timeout(store_deadline)
+            .build()
+            .await
+            .unwrap();
+        let limiter = Limiter::builder(format!("deadline{i}"), policy)
+            .store(Arc::new(store))
+            .failure_mode(FailureMode::Closed)
+            .timeout(limiter_deadline)
+            .build()
+            .unwrap();
+        limiters.push((limiter, limiter_deadline.min(store_deadline)));
+    }
+    server.pause();
+    for (limiter, bound) in &limiters {
+        let started = std::time::Instant::now();
+        let single = limiter.check(["a"], 1).await.unwrap_err().to_string();
+        let keys = [limiter.key(["b"]).unwrap(), limiter.key(["c"]).unwrap()];
+        let batch = limiter.check_many(&keys, 1).await.unwrap();
+        // Two calls, each bounded by its deadline (and scheduling slack on a loaded machine).
+        assert!(started.elapsed() < ms(2_000), "{:?}", started.elapsed());
+        assert!(
+            single.ends_with(&format!("timed out after {bound:?}")),
+            "{single}"
+        );
+        for r in &batch {
+            let Err(e @ Error::Unavailable { .. }) = r else {
+                panic!("{r:?}")
+            };
+            assert_eq!(e.to_string(), single, "{}", limiter.operation());
+        }
+    }
+    server.resume();
+}
