@@ -511,6 +511,11 @@ impl Limiter {
     /// the limit, refused before anything is written) or a store error that is a bug,
     /// including a batch answered with the wrong number of results
     /// ([`Error::BatchMismatch`]).
+    ///
+    /// The limiter's timeout bounds the whole batch, not each request: a batch too large to be
+    /// sent and answered within it (on loopback, a debug build took ~170 ms for 10,000 keys and
+    /// missed a 250 ms timeout with 100,000) times out as a whole, and each request takes the
+    /// failure mode. Split large batches, or give the limiter a timeout that fits them.
     pub async fn check_many(
         &self,
         keys: &[Key],
