@@ -321,7 +321,8 @@ fn unescape(inside: &str) -> Option<String> {
 }
 
 /// An address as proxies write it: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`,
-/// `[2001:db8::1]:80`, optionally quoted.
+/// `[2001:db8::1]:80`, optionally quoted; the port may be obfuscated (RFC 7239 `obfport`,
+/// `1.2.3.4:_p1`, `[2001:db8::1]:_p1`), which leaves the address as it is.
 fn parse_node(text: &str) -> Option<IpAddr> {
     let text = text.trim().trim_matches('"');
     if let Ok(ip) = text.parse::<IpAddr>() {
@@ -330,8 +331,28 @@ fn parse_node(text: &str) -> Option<IpAddr> {
     if let Ok(sa) = text.parse::<SocketAddr>() {
         return Some(sa.ip().to_canonical());
     }
+    let text = match text.rsplit_once(':') {
+        Some((host, port)) if is_obfport(port) => {
+            // An IPv6 address with a port is bracketed; an unbracketed one is the address.
+            match host.strip_prefix('[') {
+                Some(_) => host,
+                None => return host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
+            }
+        }
+        _ => text,
+    };
     let inner = text.strip_prefix('[')?.strip_suffix(']')?;
     inner.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+/// RFC 7239 `obfport`: `_` then one or more of ALPHA, DIGIT, `.`, `_`, `-`.
+fn is_obfport(port: &str) -> bool {
+    port.strip_prefix('_').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    })
 }
 
 /// Why a [`ClientIpKey`] prefix length was refused.
