@@ -945,12 +945,21 @@ impl Limiter {
         let local_decision = if cost > policy.limit() {
             // More than this instance's share can ever hold. Charging less than the
             // cost would let the fleet admit more than its quota, so it is denied
-            // until shared enforcement can decide it.
+            // until shared enforcement can decide it. What is left is a peek at the whole
+            // share: denied, it consumed nothing and says what is left; admitted, the share
+            // is untouched (all of it left, nothing to reset), where the peek's own numbers
+            // would say what a request of the whole share would leave.
             local
                 .peek_now(key, policy, policy.limit())
                 .map(|d| Decision {
                     allowed: false,
+                    remaining: if d.allowed { d.limit } else { d.remaining },
                     retry_after: Some(inner.breaker.probe_interval().max(MIN_RETRY)),
+                    reset_after: if d.allowed {
+                        Duration::ZERO
+                    } else {
+                        d.reset_after
+                    },
                     ..d
                 })
         } else {

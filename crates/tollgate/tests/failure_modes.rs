@@ -409,12 +409,18 @@ async fn degraded_mode_never_charges_less_than_the_cost() {
     assert!(!d.allowed, "cost 10 cannot fit a local share of 5: {d:?}");
     assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO), "{d:?}");
     assert_eq!(d.limit, 5);
+    // It says what is left (the whole share: RateLimit's `r`), not what a request of the
+    // whole share would leave.
+    assert_eq!((d.remaining, d.reset_after), (5, Duration::ZERO), "{d:?}");
     // The denial charged nothing: the whole share is still there, at full cost.
     let d = limiter.check(["big"], 5).await.unwrap();
     assert!(d.allowed && d.remaining == 0, "{d:?}");
     assert_eq!(d.enforcement, Enforcement::Degraded);
     let d = limiter.check(["big"], 1).await.unwrap();
     assert!(!d.allowed, "{d:?}");
+    // An empty share: what is left is 0.
+    let d = limiter.check(["big"], 10).await.unwrap();
+    assert!(!d.allowed && d.remaining == 0, "{d:?}");
 }
 
 /// A batch whose store is down takes the failure mode per request, and every outcome of
