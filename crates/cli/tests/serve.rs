@@ -2,76 +2,14 @@
 //! redis-server (testkit) shared by two serve processes. Redis runs on a frozen clock, so
 //! the quota does not refill while the test runs; nothing sleeps.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use reqwest::{Response, StatusCode};
 use tollgate_testkit::server::RedisServer;
 
-const START_MICROS: u64 = 1_700_000_000_300_000;
-
-/// A running `tollgate serve`, killed on drop.
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Serve {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn tollgate serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep draining so the child never blocks on a full pipe.
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let first = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("tollgate serve printed no address");
-        let base = first
-            .strip_prefix("listening on ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-            .to_owned();
-        Self { child, base }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
-
-fn header<'a>(resp: &'a Response, name: &str) -> Option<&'a str> {
-    resp.headers().get(name).map(|v| v.to_str().unwrap())
-}
+mod common;
+use common::{START_MICROS, Serve, client, frozen_redis, header, write_config};
 
 fn remaining(resp: &Response) -> u64 {
     let field = header(resp, "ratelimit").expect("RateLimit field");
@@ -81,12 +19,6 @@ fn remaining(resp: &Response) -> u64 {
         .and_then(|rest| rest.split(';').next())
         .and_then(|r| r.parse().ok())
         .unwrap_or_else(|| panic!("malformed RateLimit: {field}"))
-}
-
-fn write_config(dir: &Path, text: &str) -> String {
-    let path = dir.join("policy.toml");
-    std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_owned()
 }
 
 const SHARED_CONFIG: &str = r#"
@@ -104,12 +36,6 @@ key = "route"
 policy = "fixed-window:limit=100,window=1m"
 failure_mode = "open"
 "#;
-
-fn frozen_redis() -> RedisServer {
-    let server = RedisServer::builder().clock_control(true).start();
-    server.clock().freeze_at_micros(START_MICROS);
-    server
-}
 
 #[tokio::test]
 async fn two_serve_processes_sharing_redis_enforce_one_quota() {

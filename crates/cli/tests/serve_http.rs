@@ -3,87 +3,13 @@
 //! concurrent requests on one key (admissions counted). Real redis-servers (testkit) on a
 //! frozen clock the test moves.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
-use reqwest::{Method, Response, StatusCode};
-use tollgate_testkit::server::RedisServer;
+use reqwest::{Method, StatusCode};
 
-const START_MICROS: u64 = 1_700_000_000_300_000;
-
-/// A running `tollgate serve`, killed on drop.
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Serve {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn tollgate serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let first = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("tollgate serve printed no address");
-        let base = first
-            .strip_prefix("listening on ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-            .to_owned();
-        Self { child, base }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
-
-fn header<'a>(resp: &'a Response, name: &str) -> Option<&'a str> {
-    resp.headers().get(name).map(|v| v.to_str().unwrap())
-}
-
-fn write_config(dir: &Path, text: &str) -> String {
-    let path = dir.join("policy.toml");
-    std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_owned()
-}
-
-fn frozen_redis() -> RedisServer {
-    let server = RedisServer::builder().clock_control(true).start();
-    server.clock().freeze_at_micros(START_MICROS);
-    server
-}
+mod common;
+use common::{START_MICROS, Serve, client, frozen_redis, header, write_config};
 
 const CONFIG: &str = r#"
 legacy_headers = true
