@@ -3,7 +3,6 @@
 //! header costs the layer refuses without spending quota, hostile and oversized keys, and
 //! concurrent requests on one key. Nothing sleeps.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,43 +13,11 @@ use tollgate::{FailureMode, Limiter, Policy, Rate, Store};
 use tollgate_http::{HeaderCost, HeaderKey, RateLimitLayer};
 use tollgate_testkit::server::RedisServer;
 
+mod common;
+use common::{client, header, redis_store, serve};
+
 /// A whole second, 20 s into an epoch-aligned minute (a 60 s window has 40 s left).
 const START_MICROS: u64 = 1_700_000_000_000_000;
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    format!("http://{addr}")
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
-
-fn header<'a>(resp: &'a Response, name: &str) -> Option<&'a str> {
-    resp.headers().get(name).map(|v| v.to_str().unwrap())
-}
-
-async fn redis_store(server: &RedisServer) -> Arc<dyn Store> {
-    Arc::new(
-        tollgate::redis::RedisStore::builder(server.url())
-            .timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .unwrap(),
-    )
-}
 
 /// One route `/{name}` per policy, keyed by `x-key`, cost from `x-cost` (1 to 1000).
 fn app(store: &Arc<dyn Store>, routes: &[(&str, Policy)]) -> Router {

@@ -3,17 +3,19 @@
 //! address 192.0.2.43. Behind a trusted proxy writing such nodes, every client must still get
 //! its own bucket — over real HTTP on loopback, on a real redis-server (testkit).
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::Router;
 use axum::http::HeaderMap;
 use axum::routing::get;
 use reqwest::StatusCode;
-use tollgate::{FailureMode, Limiter, Policy, Store};
+use tollgate::{FailureMode, Limiter, Policy};
 use tollgate_http::{ClientIpKey, ForwardedHeader, RateLimitLayer, TrustedProxies};
 use tollgate_testkit::server::RedisServer;
+
+mod common;
+use common::{client, redis_store, serve};
 
 fn loopback_proxy() -> TrustedProxies {
     TrustedProxies::new(["127.0.0.0/8".parse().unwrap()], ForwardedHeader::Forwarded)
@@ -58,13 +60,7 @@ fn a_node_with_an_obfuscated_port_is_its_address() {
 #[tokio::test]
 async fn clients_behind_a_proxy_obfuscating_ports_do_not_share_a_bucket() {
     let server = RedisServer::start();
-    let store: Arc<dyn Store> = Arc::new(
-        tollgate::redis::RedisStore::builder(server.url())
-            .timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .unwrap(),
-    );
+    let store = redis_store(&server).await;
     let limiter = Limiter::builder(
         "login",
         Policy::fixed_window(1, Duration::from_secs(3600)).unwrap(),
@@ -75,20 +71,8 @@ async fn clients_behind_a_proxy_obfuscating_ports_do_not_share_a_bucket() {
     .unwrap();
     let layer = RateLimitLayer::new(limiter, ClientIpKey::new(loopback_proxy()));
     let app = Router::new().route("/login", get(|| async { "ok" }).route_layer(layer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let base = serve(app).await;
+    let http = client();
     let mut statuses = Vec::new();
     for node in [
         r#"for="192.0.2.43:_a""#,
@@ -96,7 +80,7 @@ async fn clients_behind_a_proxy_obfuscating_ports_do_not_share_a_bucket() {
         r#"for="[2001:db8:cafe::17]:_c""#,
     ] {
         let resp = http
-            .get(format!("http://{addr}/login"))
+            .get(format!("{base}/login"))
             .header("forwarded", node)
             .send()
             .await

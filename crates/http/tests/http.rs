@@ -3,7 +3,6 @@
 //! outage is a 503 only where the route fails closed. The Redis cases run a real
 //! redis-server (testkit) on a frozen clock the test moves; nothing sleeps.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,30 +15,12 @@ use tollgate_http::{
 };
 use tollgate_testkit::server::RedisServer;
 
+mod common;
+use common::{client, header, serve};
+
 /// 2023-11-14T22:13:20Z plus 0.3 s: not aligned to any window, so fixed windows end early.
 const START_MICROS: u64 = 1_700_000_000_300_000;
 const PEER: &str = "127.0.0.1";
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    format!("http://{addr}")
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
 
 fn policies() -> [(&'static str, Policy); 3] {
     [
@@ -76,10 +57,6 @@ fn app(store: &Arc<dyn Store>, mode: impl Fn() -> FailureMode) -> Router {
         );
     }
     app
-}
-
-fn header<'a>(resp: &'a Response, name: &str) -> Option<&'a str> {
-    resp.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 /// Every field of `resp` is the one `expected` implies.
