@@ -34,14 +34,7 @@ async fn limiter(server: &RedisServer, mode: FailureMode) -> Limiter {
 
 /// Calls `check` once, asserting it returns within the bound.
 async fn timed(limiter: &Limiter, who: &str) -> Result<tollgate::Decision, Error> {
-    let started = Instant::now();
-    let out = limiter.check([who], 1).await;
-    assert!(
-        started.elapsed() < CALL_BOUND,
-        "a call took {:?}",
-        started.elapsed()
-    );
-    out
+    common::timed_within(limiter, who, CALL_BOUND).await
 }
 
 /// Polls until the limiter answers with shared enforcement again; returns how long it took.

@@ -1,10 +1,10 @@
 //! Setup shared by this crate's tests against Redis.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tollgate::redis::RedisStore;
-use tollgate::{BreakerConfig, FailureMode, Limiter, Policy};
+use tollgate::{BreakerConfig, Decision, Error, FailureMode, Limiter, Policy};
 
 /// A limiter for `operation` on `store`, failing by `mode` within `timeout`, with a breaker
 /// that opens after 3 failures in a row and probes every 100 ms: short enough for a test to
@@ -26,4 +26,21 @@ pub fn limiter_with_breaker(
         })
         .build()
         .unwrap()
+}
+
+/// Calls `check` once for `who` at cost 1, asserting it returns within `bound`.
+#[allow(dead_code)] // not every test binary with this module times its calls
+pub async fn timed_within(
+    limiter: &Limiter,
+    who: &str,
+    bound: Duration,
+) -> Result<Decision, Error> {
+    let started = Instant::now();
+    let out = limiter.check([who], 1).await;
+    assert!(
+        started.elapsed() < bound,
+        "a call took {:?}",
+        started.elapsed()
+    );
+    out
 }
