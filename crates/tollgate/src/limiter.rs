@@ -945,23 +945,35 @@ impl Limiter {
         let local_decision = if cost > policy.limit() {
             // More than this instance's share can ever hold. Charging less than the
             // cost would let the fleet admit more than its quota, so it is denied
-            // until shared enforcement can decide it. What is left is a peek at the whole
-            // share: denied, it consumed nothing and says what is left; admitted, the share
-            // is untouched (all of it left, nothing to reset), where the peek's own numbers
-            // would say what a request of the whole share would leave.
-            local
-                .peek_now(key, policy, policy.limit())
-                .map(|d| Decision {
+            // until shared enforcement can decide it. What is left comes from a peek at the
+            // whole share: denied, it consumed nothing and says what is left. Admitted, the
+            // bucket holds what the peek would leave plus the share; all of its limit is
+            // nothing to reset. Less than its limit but at least the share happens only when
+            // other parameters govern the bucket (an older generation under
+            // `DeferUntilExpiry`, a newer one): a peek of 1 tells when it is full, one unit's
+            // refill late at most (a peek cannot ask more than the share, and only a
+            // request the bucket cannot hold is decided without spending).
+            local.peek_now(key, policy, policy.limit()).and_then(|d| {
+                let held = if d.allowed {
+                    d.remaining.saturating_add(policy.limit()).min(d.limit)
+                } else {
+                    d.remaining
+                };
+                let reset_after = if !d.allowed {
+                    d.reset_after
+                } else if held == d.limit {
+                    Duration::ZERO
+                } else {
+                    local.peek_now(key, policy, 1)?.reset_after
+                };
+                Ok(Decision {
                     allowed: false,
-                    remaining: if d.allowed { d.limit } else { d.remaining },
+                    remaining: held,
                     retry_after: Some(inner.breaker.probe_interval().max(MIN_RETRY)),
-                    reset_after: if d.allowed {
-                        Duration::ZERO
-                    } else {
-                        d.reset_after
-                    },
+                    reset_after,
                     ..d
                 })
+            })
         } else {
             local.acquire_now(key, policy, cost)
         };

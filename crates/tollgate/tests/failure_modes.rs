@@ -1098,3 +1098,52 @@ mod policy_in_flight {
         }
     }
 }
+
+/// A degraded denial above the local share says what the local bucket holds even when the
+/// bucket is governed by parameters other than the call's share: here an older generation
+/// under `DeferUntilExpiry` (its share of 10, spent down to 7, governs until it expires), where
+/// a peek of the new share (5) is admitted although the bucket is not untouched.
+#[tokio::test]
+async fn a_degraded_denial_above_the_share_says_what_a_deferred_bucket_holds() {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(1_000_000_000);
+    let local = Arc::new(LocalStore::with_clock(clock.clone()));
+    let store = RedisStore::builder(server.url())
+        .timeout(DEADLINE)
+        .build()
+        .await
+        .expect("store");
+    // 20 tokens shared by 2 instances: 10 each while Redis is down.
+    let limiter = limiter_with_breaker(
+        "fault",
+        policy(),
+        store,
+        FailureMode::degraded_with(local, 2),
+        DEADLINE,
+    );
+    server.kill();
+    let d = limiter.check(["deferred"], 3).await.unwrap();
+    assert_eq!(d.enforcement, Enforcement::Degraded);
+    assert!(d.allowed && d.remaining == 7 && d.limit == 10, "{d:?}");
+    // Generation 1 halves the quota (a share of 5) but leaves live buckets to the old one.
+    limiter.set_policy(
+        "token-bucket:capacity=10,rate=1,generation=1,transition=defer-until-expiry"
+            .parse()
+            .unwrap(),
+    );
+    let denied = limiter.check(["deferred"], 6).await.unwrap();
+    assert!(!denied.allowed, "{denied:?}");
+    // What a request of 1 sees is what the bucket holds: 7 tokens of the old share, 3 to refill.
+    let one = limiter.check(["deferred"], 1).await.unwrap();
+    assert!(one.allowed, "{one:?}");
+    assert_eq!(
+        (denied.limit, denied.remaining),
+        (one.limit, one.remaining + 1),
+        "denied {denied:?}, then cost 1 {one:?}"
+    );
+    // Not full, so not "nothing to reset"; full no later than after spending one more.
+    assert!(
+        denied.reset_after > Duration::ZERO && denied.reset_after <= one.reset_after,
+        "denied {denied:?}, then cost 1 {one:?}"
+    );
+}
