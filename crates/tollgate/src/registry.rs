@@ -94,6 +94,10 @@ struct Follow {
     /// generation, the last read): what [`Follow::refresh`] publishes again if the registry
     /// loses it.
     taken: Option<Policy>,
+    /// The generation whose restoring failed and was warned about: later failures to restore
+    /// it are logged at debug level until the registry holds it again (a follower whose user
+    /// may not publish would otherwise warn at every poll and notification, for good).
+    unrestored: Option<u64>,
     /// Runs in [`Follow::apply`] after a limiter's policy was found older than the
     /// publication and before the switch: where a concurrent switch races the follower.
     #[cfg(test)]
@@ -152,17 +156,28 @@ impl Follow {
     /// would start new instances on an older policy that governs nothing they share, and keep
     /// the fleet on two policies for good. Whoever wins a race (another follower restoring it,
     /// a newer publication) is read at the next notification or poll.
-    async fn restore(&self, lost: Policy) {
+    async fn restore(&mut self, lost: Policy) {
         match self.registry.publish(&self.name, &lost).await {
-            Ok(Published::Stored) => tracing::warn!(
-                name = %self.name, policy = %lost,
-                "policy registry had lost the followed generation (restarted empty, flushed or edited); published it again"
-            ),
-            Ok(_) => {}
-            Err(error) => tracing::warn!(
+            Ok(published) => {
+                self.unrestored = None;
+                if published == Published::Stored {
+                    tracing::warn!(
+                        name = %self.name, policy = %lost,
+                        "policy registry had lost the followed generation (restarted empty, flushed or edited); published it again"
+                    );
+                }
+            }
+            Err(error) if self.unrestored == Some(lost.generation()) => tracing::debug!(
                 name = %self.name, policy = %lost, %error,
-                "policy registry had lost the followed generation; publishing it again failed"
+                "policy registry still lacks the followed generation; restoring it failed again"
             ),
+            Err(error) => {
+                self.unrestored = Some(lost.generation());
+                tracing::warn!(
+                    name = %self.name, policy = %lost, %error,
+                    "policy registry had lost the followed generation; publishing it again failed (not warned again until it holds it)"
+                );
+            }
         }
     }
 
@@ -175,8 +190,10 @@ impl Follow {
                 {
                     tracing::info!(name = %self.name, policy = %p, "following a newly published policy");
                 }
-                if let Some(lost) = lost {
-                    self.restore(lost).await;
+                match lost {
+                    Some(lost) => self.restore(lost).await,
+                    // The registry holds it (again): a later loss is warned about anew.
+                    None => self.unrestored = None,
                 }
             }
             Err(error) => {
@@ -273,6 +290,7 @@ impl PolicyFollower {
             limiters: limiters.to_vec(),
             tx,
             taken: published,
+            unrestored: None,
             #[cfg(test)]
             between: None,
         };
@@ -381,6 +399,7 @@ mod tests {
             limiters: vec![limiter.clone()],
             tx: watch::channel(limiter.policy()).0,
             taken: None,
+            unrestored: None,
             between,
         }
     }
