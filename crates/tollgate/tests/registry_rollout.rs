@@ -286,11 +286,19 @@ async fn a_registry_restarted_empty_gets_the_fleets_generation_back() {
         })
     ));
     // Flushed under live subscriptions (no reconnection to notice): generation 1 is stored
-    // and announced, and the followers, reading it, put generation 5 back.
+    // and announced, and the followers, reading it, put generation 5 back (or a follower's
+    // poll between the flush and the publication put it back first, and 1 is refused).
     let _: () = redis::cmd("FLUSHALL")
         .query(&mut server.client().get_connection().unwrap())
         .unwrap();
-    assert_eq!(reg.publish("api", &g1).await.unwrap(), Published::Stored);
+    let published = reg.publish("api", &g1).await;
+    assert!(
+        matches!(
+            published,
+            Ok(Published::Stored) | Err(RegistryError::Stale { stored: 5, .. })
+        ),
+        "{published:?}"
+    );
     let c = instance(&server, generation(0, 10)).await;
     let fc = follow(&server, &c).await.unwrap();
     let started = std::time::Instant::now();
