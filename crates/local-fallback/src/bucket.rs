@@ -25,7 +25,7 @@ use tollgate_core::{
     Algorithm, Decision, FixedWindow, Policy, PolicyError, StoreError, TokenBucket,
 };
 
-use crate::lent::{COLD_US, HOT_US, Held, LentTable, SlotKey};
+use crate::lent::{COLD_US, HOT_US, Held};
 
 /// Distinct (generation, parameters) pairs a store interns; buckets written under more are
 /// boxed.
@@ -751,39 +751,6 @@ impl Bucket {
             p,
             note: LendNote::of(hot, after.level, unit),
         })
-    }
-
-    /// After a fast-path call whose note says the bucket may be worth lending and whose slot
-    /// may take it ([`LentTable::may_take`], asked first by the caller): [`Bucket::lendable`]'s
-    /// remaining test with what the call knows of the bucket, and the lend. Out of line: over
-    /// many dry keys most slots hold live states of others, and the caller stops at the tag.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn lend_after(
-        &mut self,
-        lent: &LentTable,
-        key: SlotKey<'_>,
-        f: &FastStep<'_>,
-        now: u64,
-    ) {
-        debug_assert!(f.note.maybe);
-        let Slot::Compact(c) = self.slot else {
-            return;
-        };
-        let Some((id, state)) = c.as_token_bucket() else {
-            return;
-        };
-        if !token_bucket_alive(f.p, state, now / 1000) {
-            return;
-        }
-        let p = Held {
-            id,
-            state,
-            expires_at_ms: token_bucket_expiry(f.p, state),
-        };
-        if lent.lend(key, &p, now / 1000) {
-            self.mark_lent();
-        }
     }
 
     /// The fast path's new token bucket (missing, or expired): full under the caller's

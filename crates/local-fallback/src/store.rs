@@ -160,6 +160,23 @@ impl Lending<'_> {
     }
 }
 
+/// [`lend_if_worth`] out of line, for the fast path's call whose slot may take its bucket
+/// ([`LentTable::may_take`], asked first): over many dry keys most slots hold live states of
+/// others, and the caller stops at the tag.
+#[cold]
+#[inline(never)]
+fn lend_cold(
+    lent: &LentTable,
+    params: &ParamsTable,
+    bucket: &mut Bucket,
+    slot_key: SlotKey<'_>,
+    unit: u64,
+    now: u64,
+    hot: bool,
+) {
+    lend_if_worth(lent, params, bucket, slot_key, unit, now, hot);
+}
+
 /// Under the key's shard lock, after a call: lends `bucket` to its slot if it is worth it
 /// ([`Bucket::lendable`]) and the slot takes it (asked first of its tag word,
 /// [`LentTable::may_take`]: over many hot or dry keys most slots hold live states of others).
@@ -335,7 +352,15 @@ impl<C: Clock> LocalStore<C> {
                     && let Some(slot_key) = SlotKey::new(key.as_str().as_bytes())
                     && self.lent.may_take(slot_key, now / 1000)
                 {
-                    bucket.lend_after(&self.lent, slot_key, &f, now);
+                    lend_cold(
+                        &self.lent,
+                        &self.params,
+                        &mut bucket,
+                        slot_key,
+                        unit,
+                        now,
+                        f.note.hot,
+                    );
                 }
                 drop(bucket);
                 return Ok(f.step.decision(f.p, now));
