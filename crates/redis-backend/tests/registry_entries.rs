@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use tollgate_core::Policy;
-use tollgate_redis::{RedisRegistry, RegistryError};
+use tollgate_core::{MAX_EXACT, Policy, Transition};
+use tollgate_redis::{Published, RedisRegistry, RegistryError};
 use tollgate_testkit::server::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -100,5 +100,49 @@ async fn an_entry_that_is_not_utf8_is_corrupt_and_hides_nothing() {
     assert!(
         matches!(&listed[2].1, Err(RegistryError::BadName(_))),
         "{listed:?}"
+    );
+}
+
+fn policy(generation: u64) -> Policy {
+    Policy::fixed_window(7, Duration::from_secs(3600))
+        .unwrap()
+        .with_generation(generation)
+        .with_transition(Transition::Carry)
+}
+
+/// A registry entry filed under a number no policy's generation can be (above `MAX_EXACT`,
+/// 2^52) is `Corrupt` for every follower; the publication script must not take that number
+/// for the stored generation, or it refuses every publication as `Stale` until someone deletes
+/// the entry by hand.
+#[tokio::test]
+async fn a_publication_replaces_an_entry_filed_under_an_impossible_generation() {
+    let server = RedisServer::start();
+    let reg = registry(&server).await;
+    let spec = "fixed-window:limit=7,window=1h,generation=9,transition=carry";
+    for prefix in [
+        "99999999999999999999".to_owned(),
+        (MAX_EXACT + 1).to_string(),
+        u64::MAX.to_string(),
+    ] {
+        hset(&server, b"api", format!("{prefix} {spec}").as_bytes());
+        assert!(
+            matches!(reg.get("api").await, Err(RegistryError::Corrupt { .. })),
+            "{prefix}"
+        );
+        let got = reg.publish("api", &policy(2)).await;
+        assert!(matches!(got, Ok(Published::Stored)), "{prefix}: {got:?}");
+        assert_eq!(reg.get("api").await.unwrap(), Some(policy(2)), "{prefix}");
+    }
+    // The largest generation a policy can have is a real one: an older publication is stale.
+    hset(
+        &server,
+        b"api",
+        format!("{MAX_EXACT} {}", policy(MAX_EXACT).to_spec()).as_bytes(),
+    );
+    assert_eq!(reg.get("api").await.unwrap(), Some(policy(MAX_EXACT)));
+    let got = reg.publish("api", &policy(2)).await;
+    assert!(
+        matches!(got, Err(RegistryError::Stale { stored, offered: 2, .. }) if stored == MAX_EXACT),
+        "{got:?}"
     );
 }
