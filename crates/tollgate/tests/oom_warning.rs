@@ -6,7 +6,7 @@
 mod common;
 mod replies;
 
-use replies::{admin, limiter, modes, recovers, refused_calls, timed};
+use replies::{admin, limiter, modes, recovers, refuse_writes, refused_calls, timed};
 use tollgate::Enforcement;
 use tollgate_testkit::server::RedisServer;
 
@@ -25,11 +25,7 @@ async fn the_warning_for_an_oom_reply_names_it() {
             timed(&limiter, "o").await.unwrap().enforcement,
             Enforcement::Shared
         );
-        admin(
-            &server,
-            &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
-        );
-        admin(&server, &["CONFIG", "SET", "maxmemory", "1"]);
+        refuse_writes(&server);
         refused_calls(&limiter, "o", 3, "OOM").await;
         let lines = logs.matching(&[
             "rate limiter store unavailable; applying failure mode",

@@ -12,7 +12,9 @@ mod replies;
 
 use std::time::{Duration, Instant};
 
-use replies::{RECOVERY_BOUND, admin, limiter, modes, recovers, refused_calls, timed};
+use replies::{
+    RECOVERY_BOUND, admin, limiter, modes, recovers, refuse_writes, refused_calls, timed,
+};
 use tollgate::{Enforcement, FailureMode};
 use tollgate_testkit::server::RedisServer;
 
@@ -27,11 +29,7 @@ async fn oom_takes_the_failure_mode_and_recovers() {
             timed(&limiter, "o").await.unwrap().enforcement,
             Enforcement::Shared
         );
-        admin(
-            &server,
-            &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
-        );
-        admin(&server, &["CONFIG", "SET", "maxmemory", "1"]);
+        refuse_writes(&server);
         refused_calls(&limiter, "o", 3, "OOM").await;
         admin(&server, &["CONFIG", "SET", "maxmemory", "0"]);
         recovers(&limiter, "o", "OOM").await;
@@ -46,11 +44,7 @@ async fn an_oom_batch_repeating_a_key_runs_nothing_and_takes_the_failure_mode() 
     let limiter = limiter(&server, FailureMode::Open).await;
     let key = limiter.key(["b"]).unwrap();
     assert_eq!(timed(&limiter, "b").await.unwrap().remaining, 19);
-    admin(
-        &server,
-        &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
-    );
-    admin(&server, &["CONFIG", "SET", "maxmemory", "1"]);
+    refuse_writes(&server);
     let out = limiter
         .check_many(&[key.clone(), key.clone()], 1)
         .await

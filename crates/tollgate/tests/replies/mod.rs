@@ -46,6 +46,12 @@ pub fn admin(server: &RedisServer, args: &[&str]) {
         .unwrap();
 }
 
+/// Makes `server` refuse writes with `OOM`: `maxmemory` 1 byte under `noeviction`.
+pub fn refuse_writes(server: &RedisServer) {
+    admin(server, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    admin(server, &["CONFIG", "SET", "maxmemory", "1"]);
+}
+
 pub async fn timed(limiter: &Limiter, who: &str) -> Result<Decision, Error> {
     crate::common::timed_within(limiter, who, CALL_BOUND).await
 }
