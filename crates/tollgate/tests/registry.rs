@@ -3,10 +3,12 @@
 //! follower) converging on a new publication — by notification, and by polling when the
 //! notification is lost.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::redis::{Published, RedisRegistry, RedisStore, RegistryError};
+use tollgate::redis::{Published, RedisRegistry, RegistryError};
 use tollgate::registry::PolicyFollower;
 use tollgate::{Enforcement, FailureMode, Limiter, LocalStore, Policy, Transition};
 use tollgate_testkit::proxy::FaultProxy;
@@ -87,21 +89,9 @@ async fn instance(server: &RedisServer, policy: Policy) -> Limiter {
     instance_with(server, policy, None).await
 }
 
-/// A limiter named "api" on a store at `url`, failing over to `mode`, ready to build.
-async fn builder_on(url: String, policy: Policy, mode: FailureMode) -> tollgate::LimiterBuilder {
-    let store = RedisStore::builder(url)
-        .timeout(TIMEOUT)
-        .build()
-        .await
-        .unwrap();
-    Limiter::builder("api", policy)
-        .store(Arc::new(store))
-        .failure_mode(mode)
-}
-
 /// An instance with a deny cache of `deny_cache` entries, if any.
 async fn instance_with(server: &RedisServer, policy: Policy, deny_cache: Option<usize>) -> Limiter {
-    let builder = builder_on(server.url(), policy, FailureMode::Closed).await;
+    let builder = common::api_builder(server.url(), policy, FailureMode::Closed).await;
     match deny_cache {
         Some(n) => builder.deny_cache(n),
         None => builder,
@@ -303,7 +293,7 @@ async fn a_reset_announced_by_another_instance_clears_the_degraded_local_bucket(
     let policy = spec("token-bucket:capacity=1,rate=1,period=1h");
     let a = instance(&server, policy).await;
     let degraded = FailureMode::degraded_with(Arc::new(LocalStore::new()), 1);
-    let b = builder_on(proxy.url(), policy, degraded)
+    let b = common::api_builder(proxy.url(), policy, degraded)
         .await
         .build()
         .unwrap();

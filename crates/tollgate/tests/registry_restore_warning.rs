@@ -3,12 +3,13 @@
 //! callsite another test's thread registers first (tracing's callsite interest is
 //! process-wide).
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use tollgate::redis::{RedisRegistry, RedisStore};
+use tollgate::redis::RedisRegistry;
 use tollgate::registry::PolicyFollower;
-use tollgate::{FailureMode, Limiter, Policy};
+use tollgate::{FailureMode, Policy};
 use tollgate_testkit::server::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -37,14 +38,8 @@ async fn a_restore_that_keeps_failing_is_warned_about_once() {
         .await
         .unwrap();
     registry.publish("api", &g5).await.unwrap();
-    let store = RedisStore::builder(server.url())
-        .timeout(TIMEOUT)
-        .build()
+    let limiter = common::api_builder(server.url(), g5, FailureMode::Closed)
         .await
-        .unwrap();
-    let limiter = Limiter::builder("api", g5)
-        .store(Arc::new(store))
-        .failure_mode(FailureMode::Closed)
         .build()
         .unwrap();
     let _follower = PolicyFollower::start(

@@ -3,10 +3,11 @@
 //! is written to the registry — two publishers racing, a hand edit, a value that is not text —
 //! the instances end on one policy within a bounded time, the registry's.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use tollgate::redis::{Published, RedisRegistry, RedisStore, RegistryError};
+use tollgate::redis::{Published, RedisRegistry, RegistryError};
 use tollgate::registry::PolicyFollower;
 use tollgate::{FailureMode, Limiter, Policy};
 use tollgate_testkit::server::RedisServer;
@@ -29,14 +30,8 @@ async fn registry(server: &RedisServer) -> RedisRegistry {
 
 /// An instance: a limiter named "api" on its own store.
 async fn instance(server: &RedisServer, policy: Policy) -> Limiter {
-    let store = RedisStore::builder(server.url())
-        .timeout(TIMEOUT)
-        .build()
+    common::api_builder(server.url(), policy, FailureMode::Closed)
         .await
-        .unwrap();
-    Limiter::builder("api", policy)
-        .store(Arc::new(store))
-        .failure_mode(FailureMode::Closed)
         .build()
         .unwrap()
 }

@@ -1,4 +1,5 @@
 //! Setup shared by this crate's tests against Redis.
+#![allow(dead_code)] // each test binary uses its own part
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +30,6 @@ pub fn limiter_with_breaker(
 }
 
 /// Calls `check` once for `who` at cost 1, asserting it returns within `bound`.
-#[allow(dead_code)] // not every test binary with this module times its calls
 pub async fn timed_within(
     limiter: &Limiter,
     who: &str,
@@ -43,4 +43,21 @@ pub async fn timed_within(
         started.elapsed()
     );
     out
+}
+
+/// A limiter named "api" on its own store at `url` (calls time out after 2 s), failing over to
+/// `mode`, ready to build: one instance of a fleet following the registry's "api".
+pub async fn api_builder(
+    url: String,
+    policy: Policy,
+    mode: FailureMode,
+) -> tollgate::LimiterBuilder {
+    let store = RedisStore::builder(url)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    Limiter::builder("api", policy)
+        .store(Arc::new(store))
+        .failure_mode(mode)
 }
