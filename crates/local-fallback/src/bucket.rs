@@ -477,14 +477,25 @@ impl Bucket {
         now_us: u64,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        self.apply_noting(table, policy, now_us, cost, 0, &mut LendNote::default())
+        self.apply_noting(
+            table,
+            policy,
+            now_us,
+            cost,
+            0,
+            false,
+            &mut LendNote::default(),
+        )
     }
 
     /// [`Bucket::apply`], noting in `note` whether the bucket may be worth lending after the
     /// call ([`Bucket::lendable`] to `unit`, the caller's units per token): the fast path
     /// knows it from the state it has decoded anyway, so a call that lends nothing — most
     /// calls over many keys — does not decode the bucket again.
+    /// `tried_fast`: the caller's [`Bucket::fast_token_bucket`] already found nothing to decide
+    /// on this bucket as it is, so [`Bucket::fast`] does not try it again.
     #[allow(clippy::inline_always)] // a call of its own cost ~20 instructions a decision
+    #[allow(clippy::too_many_arguments)] // the fast path's state, passed through registers
     #[inline(always)]
     pub(crate) fn apply_noting(
         &mut self,
@@ -493,10 +504,11 @@ impl Bucket {
         now_us: u64,
         cost: u64,
         unit: u64,
+        tried_fast: bool,
         note: &mut LendNote,
     ) -> Result<Decision, StoreError> {
         debug_assert!(!self.is_lent(), "a lent bucket is taken back before a call");
-        if let Some(decision) = self.fast(table, policy, now_us, cost, unit, note) {
+        if let Some(decision) = self.fast(table, policy, now_us, cost, unit, tried_fast, note) {
             return Ok(decision);
         }
         *note = LendNote {
@@ -635,7 +647,10 @@ impl Bucket {
     /// mark, is decided under its stored parameters unless the caller is newer (a higher
     /// generation, or the same with other parameters); a missing bucket starts full under the
     /// caller's. A state written gets the TTL the algorithm returns; none keeps its expiry.
+    /// Its common case is [`Bucket::fast_token_bucket`], skipped when `tried_fast` says the
+    /// caller tried it already.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the fast path's state, passed through registers
     fn fast(
         &mut self,
         table: &ParamsTable,
@@ -643,12 +658,13 @@ impl Bucket {
         now: u64,
         cost: u64,
         unit: u64,
+        tried_fast: bool,
         note: &mut LendNote,
     ) -> Option<Decision> {
         // `apply`'s callers have checked the cost against the caller's policy
         // (`Policy::check_cost`); against stored parameters it is checked below.
         debug_assert!(policy.check_cost(cost).is_ok());
-        if let Some(f) = self.fast_token_bucket(table, policy, now, cost, unit) {
+        if !tried_fast && let Some(f) = self.fast_token_bucket(table, policy, now, cost, unit) {
             *note = f.note;
             return Some(f.step.decision(f.p, now));
         }

@@ -365,16 +365,17 @@ impl<C: Clock> LocalStore<C> {
                 drop(bucket);
                 return Ok(f.step.decision(f.p, now));
             }
-            return self.apply_lending(&mut bucket, key, unit, policy, now, cost);
+            return self.apply_lending(&mut bucket, key, unit, policy, now, cost, true);
         }
         self.acquire_new(key, policy, cost, now)
     }
 
     /// [`Bucket::apply`] under the shard's lock; for a key that has a slot, takes a lent
     /// bucket back first, and lends it after the call if it is worth it
-    /// ([`Bucket::lendable`]). Always inlined: its key passed through memory costs a
-    /// store-forwarding stall per call.
-    #[allow(clippy::inline_always)]
+    /// ([`Bucket::lendable`]). `tried_fast`: the caller's [`Bucket::fast_token_bucket`] found
+    /// nothing to decide on this bucket as it is (not tried again unless the bucket was lent).
+    /// Always inlined: its key passed through memory costs a store-forwarding stall per call.
+    #[allow(clippy::inline_always, clippy::too_many_arguments)]
     #[inline(always)]
     fn apply_lending(
         &self,
@@ -384,7 +385,10 @@ impl<C: Clock> LocalStore<C> {
         policy: &Policy,
         now: u64,
         cost: u64,
+        tried_fast: bool,
     ) -> Result<Decision, StoreError> {
+        // A lent bucket was not the caller's to try: taken back, it may be.
+        let tried_fast = tried_fast && !bucket.is_lent();
         self.settle(key, bucket);
         // Lent, if worth it, when `lending` drops: after the decision is in the caller's
         // hands. Returned through a copy instead, the decision costs a store-forwarding stall
@@ -398,9 +402,15 @@ impl<C: Clock> LocalStore<C> {
             now,
             note: LendNote::default(),
         };
-        lending
-            .bucket
-            .apply_noting(&self.params, policy, now, cost, unit, &mut lending.note)
+        lending.bucket.apply_noting(
+            &self.params,
+            policy,
+            now,
+            cost,
+            unit,
+            tried_fast,
+            &mut lending.note,
+        )
     }
 
     /// Takes `bucket` back from its slot if it is lent there (under the shard's lock).
@@ -428,7 +438,7 @@ impl<C: Clock> LocalStore<C> {
         loop {
             match self.map.entry(key.clone()) {
                 Entry::Occupied(mut held) => {
-                    return self.apply_lending(held.get_mut(), key, unit, policy, now, cost);
+                    return self.apply_lending(held.get_mut(), key, unit, policy, now, cost, false);
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
