@@ -913,16 +913,18 @@ async fn unreachable_server_is_unavailable_and_calls_time_out() {
 
 #[tokio::test]
 async fn a_stalled_server_times_out() {
-    let server = Server::start();
+    // The pause ends on the server's wall clock, which the test moves: no fixed wait for it.
+    let server = Server::start_with_clock();
     let store = RedisStore::builder(server.url())
         .timeout(Duration::from_millis(200))
         .build()
         .await
         .unwrap();
     let p = Policy::token_bucket(2, Rate::new(1, HOUR)).unwrap();
+    // A pause far longer than the test: only the clock's move below ends it.
     let () = redis::cmd("CLIENT")
         .arg("PAUSE")
-        .arg(600)
+        .arg(60_000)
         .query(&mut server.conn())
         .unwrap();
     let err = store.acquire(&key("slow"), &p, 1).await.unwrap_err();
@@ -930,7 +932,19 @@ async fn a_stalled_server_times_out() {
         matches!(err, StoreError::Timeout(d) if d == Duration::from_millis(200)),
         "{err:?}"
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    server.0.clock().advance(Duration::from_secs(61));
+    // A PING sent now is held until the pause ends (after the store's late command, sent
+    // before it), and answered then: bounded by its read timeout.
+    let mut probe = server.conn();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut probe);
+    assert_eq!(
+        pong.as_deref().ok(),
+        Some("PONG"),
+        "the pause did not end within 10 s of moving the clock past it: {pong:?}"
+    );
     let d = store
         .acquire(&key("slow"), &p, 1)
         .await
