@@ -190,7 +190,22 @@ fn slot_migration_under_load_loses_no_writes_for_a_cluster_client() {
             (ok, errors)
         })
     };
-    thread::sleep(Duration::from_millis(100));
+    // The load has written every key before the migration starts (polled, bounded; a fixed
+    // 100 ms before).
+    let mut source = connect(&cluster, from);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let written: usize = redis::cmd("DBSIZE").query(&mut source).expect("DBSIZE");
+        if written >= keys.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the load wrote {written} of {} keys within 5 s",
+            keys.len()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
     let migration = cluster.begin_slot_migration(slot, from, to, 5);
     // Hold the ASK window until the load has been redirected (bounded).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -202,7 +217,23 @@ fn slot_migration_under_load_loses_no_writes_for_a_cluster_client() {
         thread::sleep(Duration::from_millis(10));
     }
     let report = migration.finish();
-    thread::sleep(Duration::from_millis(100));
+    // The load goes on against the slot's new owner (polled until it has counted 50 more
+    // INCRs there, bounded; a fixed 100 ms before).
+    let mut target = connect(&cluster, to);
+    let counted = |conn: &mut redis::Connection| -> i64 {
+        keys.iter()
+            .map(|key| conn.get::<_, Option<i64>>(key).expect("GET").unwrap_or(0))
+            .sum()
+    };
+    let at_finish = counted(&mut target);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counted(&mut target) < at_finish + 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the load made no 50 INCRs on the new owner within 5 s of the migration"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
     stop.store(true, Ordering::SeqCst);
     let (ok, errors) = load.join().expect("load thread");
 
@@ -215,7 +246,6 @@ fn slot_migration_under_load_loses_no_writes_for_a_cluster_client() {
         errors.is_empty(),
         "errors surfaced to the client: {errors:?}"
     );
-    let mut target = connect(&cluster, to);
     let total: i64 = keys
         .iter()
         .map(|key| target.get::<_, Option<i64>>(key).expect("GET").unwrap_or(0))
