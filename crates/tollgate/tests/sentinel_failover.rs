@@ -113,6 +113,27 @@ fn outage(log: &Log, kill: Instant) -> Option<(Duration, Duration, usize, Seen)>
     ))
 }
 
+/// Shared answers in `log` since `since`.
+fn shared_since(log: &Log, since: Instant) -> usize {
+    let log = log.lock().unwrap();
+    log.iter()
+        .filter(|(t, s)| *t >= since && *s == Seen::Shared)
+        .count()
+}
+
+/// Polls (every 20 ms, at most `bound`) until every log holds `n` shared answers since `since`.
+async fn until_shared_answers(logs: &[&Log], since: Instant, n: usize, bound: Duration) {
+    let started = Instant::now();
+    while logs.iter().any(|log| shared_since(log, since) < n) {
+        let counts: Vec<usize> = logs.iter().map(|log| shared_since(log, since)).collect();
+        assert!(
+            started.elapsed() < bound,
+            "not {n} shared answers per limiter within {bound:?}: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn state_key(group: &str, i: u64) -> Key {
     Key::new("failover-state", [format!("{group}-{i}")]).unwrap()
 }
@@ -184,7 +205,11 @@ async fn limiters_ride_out_a_sentinel_failover_and_resume_on_the_promoted_replic
         let (log, handles) = load(&limiter, 3, &stop);
         runs.push((limiter, log, handles));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every load runs against the store before the kill (polled, bounded; a fixed 300 ms
+    // before).
+    let logs: Vec<&Log> = runs.iter().map(|(_, log, _)| log).collect();
+    let started = Instant::now();
+    until_shared_answers(&logs, started, 10, RECOVERY_BOUND).await;
 
     // ...and state written in the last moment before the primary dies.
     write_buckets(&store, "last-moment", LAST_MOMENT_BUCKETS).await;
@@ -209,7 +234,11 @@ async fn limiters_ride_out_a_sentinel_failover_and_resume_on_the_promoted_replic
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // And goes on against the new primary (10 more shared answers each, bounded; a fixed
+    // 200 ms before).
+    let resumed = Instant::now();
+    let logs: Vec<&Log> = runs.iter().map(|(_, log, _)| log).collect();
+    until_shared_answers(&logs, resumed, 10, RECOVERY_BOUND).await;
     stop.store(true, Ordering::Relaxed);
     for (_, _, handles) in &mut runs {
         for h in handles.drain(..) {
