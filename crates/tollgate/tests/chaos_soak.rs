@@ -202,6 +202,8 @@ fn chaos(server: &mut RedisServer, until: Instant, rss_after_first: &mut u64) ->
         let down = Instant::now();
         server.kill();
         faults.kills += 1;
+        // Kept fixed: the outage's length is the fault injected (long enough for calls to
+        // meet it and the breaker to open), not a wait for anything.
         std::thread::sleep(Duration::from_millis(700));
         server.restart();
         faults.down += down.elapsed();
@@ -212,6 +214,7 @@ fn chaos(server: &mut RedisServer, until: Instant, rss_after_first: &mut u64) ->
         let paused = Instant::now();
         server.pause();
         faults.pauses += 1;
+        // Kept fixed: the pause's length is the fault injected, as the kill's above.
         std::thread::sleep(Duration::from_millis(700));
         server.resume();
         faults.down += paused.elapsed();

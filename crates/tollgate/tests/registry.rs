@@ -524,7 +524,8 @@ mod same_generation {
         )
         .await
         .unwrap();
-        // At start, and still after several polls.
+        // At start, and still after several polls: a negative check, so a fixed window, six
+        // 50 ms polls long (one that switched would do so at the first).
         assert_eq!(limiter.policy(), published, "at start");
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(limiter.policy(), published, "after polls");
