@@ -504,8 +504,10 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     }
                 }
             } else {
+                // every connection made now, before the clock starts: a pool otherwise
+                // connects on demand, inside the run
                 let mut b = Limiter::builder("load", args.policy)
-                    .store(store.connect().await?)
+                    .store(store.connect_all().await?)
                     .failure_mode(args.fail_mode.mode(args.instances))
                     .timeout(args.store.timeout);
                 if let Some(n) = args.deny_cache {

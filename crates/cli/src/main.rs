@@ -115,6 +115,26 @@ impl StoreArgs {
         }
     }
 
+    /// As [`StoreArgs::connect`], with every connection of the store made now (all of a
+    /// pool's, each answering a `PING`): a load run times decisions, not connects.
+    pub(crate) async fn connect_all(&self) -> Result<Arc<dyn Store>> {
+        match &self.redis {
+            None => self.connect().await,
+            Some(url) => {
+                let store = self
+                    .redis_builder(url)
+                    .build()
+                    .await
+                    .with_context(|| format!("connecting to {}", redact_url(url)))?;
+                store
+                    .connect_all()
+                    .await
+                    .with_context(|| format!("connecting to {}", redact_url(url)))?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+
     /// As [`StoreArgs::connect`], for a long-running server: a Redis that cannot be reached
     /// (or answers too late) at startup is not fatal. It is logged, and the store connects
     /// when Redis answers; until then each limiter applies its failure mode, as it does when

@@ -31,6 +31,28 @@ fn load_json(args: &[&str]) -> serde_json::Value {
 /// The server's timestamps (seconds) of every `EVALSHA` it ran while `run` ran, read by a
 /// MONITOR connection (at most 60 s of reading after `run` returns, stopped by a flag).
 fn evalsha_times<T>(redis: &RedisServer, run: impl FnOnce() -> T) -> (T, Vec<f64>) {
+    let (out, commands) = monitored(redis, run);
+    let times = commands
+        .into_iter()
+        .filter(|c| c.name == "EVALSHA")
+        .map(|c| c.at)
+        .collect();
+    (out, times)
+}
+
+/// One command as MONITOR showed it.
+struct Seen {
+    /// The server's timestamp, seconds.
+    at: f64,
+    /// The client's address (`ip:port`): one per connection.
+    client: String,
+    /// The command's name, upper case.
+    name: String,
+}
+
+/// Every command the server ran while `run` ran, read by a MONITOR connection (at most 600 s
+/// of reading, stopped by a flag once `run` returned).
+fn monitored<T>(redis: &RedisServer, run: impl FnOnce() -> T) -> (T, Vec<Seen>) {
     let mut stream = TcpStream::connect(("127.0.0.1", redis.port())).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_millis(100)))
@@ -45,16 +67,24 @@ fn evalsha_times<T>(redis: &RedisServer, run: impl FnOnce() -> T) -> (T, Vec<f64
         let stop = stop.clone();
         thread::spawn(move || {
             let limit = Instant::now() + Duration::from_secs(600);
-            let (mut times, mut line) = (Vec::new(), Vec::new());
+            let (mut seen, mut line) = (Vec::new(), Vec::new());
             while Instant::now() < limit {
                 match reader.read_until(b'\n', &mut line) {
                     Ok(0) => break,
                     Ok(_) if line.ends_with(b"\n") => {
+                        // +1700000000.123456 [0 127.0.0.1:50000] "EVALSHA" "…" …
                         let text = String::from_utf8_lossy(&line);
-                        if text.contains("\"EVALSHA\"") {
-                            let at = text.split(' ').next().unwrap_or_default();
-                            times.push(at.parse::<f64>().expect("a MONITOR timestamp"));
-                        }
+                        let mut parts = text.trim_start_matches('+').splitn(4, ' ');
+                        let at = parts.next().unwrap_or_default();
+                        let _db = parts.next();
+                        let client = parts.next().unwrap_or_default().trim_end_matches(']');
+                        let name = parts.next().unwrap_or_default();
+                        let name = name.split('"').nth(1).unwrap_or_default();
+                        seen.push(Seen {
+                            at: at.parse::<f64>().expect("a MONITOR timestamp"),
+                            client: client.to_owned(),
+                            name: name.to_ascii_uppercase(),
+                        });
                         line.clear();
                     }
                     Err(_) if stop.load(Ordering::Relaxed) => break,
@@ -62,15 +92,15 @@ fn evalsha_times<T>(redis: &RedisServer, run: impl FnOnce() -> T) -> (T, Vec<f64
                     Ok(_) | Err(_) => {}
                 }
             }
-            times
+            seen
         })
     };
     let out = run();
     // the monitor's last lines reach it after the run's last reply
     thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
-    let times = reading.join().expect("the monitor thread");
-    (out, times)
+    let seen = reading.join().expect("the monitor thread");
+    (out, seen)
 }
 
 /// One run of 256 calls on 256 keys with `tasks` tasks, one runtime thread, one connection:
@@ -180,5 +210,80 @@ fn the_ceiling_runs_as_many_requests_as_the_load_run() {
         sizes.len(),
         1,
         "log lengths (bytes: keys) differ between the runs: {sizes:?}"
+    );
+}
+
+/// Every connection of a pool is made before the clock starts. The pool connects on demand,
+/// when a call finds no connection idle, so connects fell inside the timed run (before, two
+/// instances with `--pool 4`, 2 runtime threads, 32 tasks each: 2 connections made before the
+/// first decision, the rest during it, their connects timed as decisions; with one runtime
+/// thread a pool never made a second connection, so `--pool 4` measured one).
+#[test]
+fn every_pooled_connection_is_made_before_the_first_decision() {
+    let redis = RedisServer::start();
+    let (s, seen) = monitored(&redis, || {
+        load_json(&[
+            "--redis",
+            &redis.url(),
+            "--pool",
+            "4",
+            "--instances",
+            "2",
+            "--threads",
+            "2",
+            "--tasks",
+            "32",
+            "--requests",
+            "4000",
+            "--keys",
+            "1000",
+            "--policy",
+            "token-bucket:capacity=100,rate=50",
+            "--json",
+        ])
+    });
+    assert_eq!(s["errors"], 0, "{s}");
+    let first = seen
+        .iter()
+        .position(|c| c.name == "EVALSHA")
+        .expect("the run's decisions");
+    // a connection's first command marks its connect (HELLO over RESP3, or whatever it sent)
+    let mut before = std::collections::BTreeSet::new();
+    let mut during = std::collections::BTreeSet::new();
+    // (the commands a script runs show as client `lua`)
+    for (i, c) in seen.iter().enumerate().filter(|(_, c)| c.client != "lua") {
+        if !before.contains(&c.client) && !during.contains(&c.client) {
+            if i < first {
+                before.insert(c.client.clone());
+            } else {
+                during.insert(c.client.clone());
+            }
+        }
+    }
+    let deciding: std::collections::BTreeSet<_> = seen
+        .iter()
+        .filter(|c| c.name == "EVALSHA")
+        .map(|c| c.client.clone())
+        .collect();
+    eprintln!(
+        "connections made before the first decision: {}, during the run: {}, deciding: {}",
+        before.len(),
+        during.len(),
+        deciding.len()
+    );
+    assert!(
+        during.is_empty(),
+        "{} connection(s) made while the run was timed: {during:?}",
+        during.len()
+    );
+    assert_eq!(
+        before.len(),
+        8,
+        "2 instances x a pool of 4 connected before the first decision: {before:?}"
+    );
+    assert_eq!(
+        deciding.len(),
+        8,
+        "every pooled connection decides: {deciding:?}"
     );
 }

@@ -136,6 +136,15 @@ impl Conn {
         }
     }
 
+    /// Makes every connection this may use now ([`Pool::connect_all`]); the other kinds are
+    /// connected when the store is built, and reconnect on their own.
+    pub(crate) async fn connect_all(&self) -> RedisResult<()> {
+        match self {
+            Self::Pool(pool) => pool.connect_all().await,
+            Self::Multiplexed(_) | Self::Sentinel(_) | Self::Cluster(_) => Ok(()),
+        }
+    }
+
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Multiplexed(_) => "multiplexed",
@@ -407,6 +416,8 @@ impl Managed {
 #[derive(Clone)]
 pub(crate) struct Pool {
     connections: bb8::Pool<PoolManager>,
+    /// Most connections the pool holds.
+    size: u32,
     errors: ConnectErrors,
     /// Bounds the `PING` that settles a suspected stall ([`Health`]): the connect timeout.
     probe_limit: Duration,
@@ -429,9 +440,41 @@ impl Pool {
             .build_unchecked(PoolManager::new(client, connect_timeout));
         Self {
             connections: pool,
+            size,
             errors,
             probe_limit: connect_timeout,
         }
+    }
+
+    /// Makes every connection the pool may hold now, and has each answer a `PING`, within the
+    /// connect timeout. The pool otherwise connects on demand: a connection is made only when
+    /// a call finds none idle, so the first calls under concurrency wait for connects (and a
+    /// single-threaded caller, which always finds the one connection idle again, never makes
+    /// a second).
+    pub(crate) async fn connect_all(&self) -> RedisResult<()> {
+        let all = async {
+            let failures = self.errors.count();
+            // held together, so each `get` past the idle ones makes a connection
+            let held =
+                futures_util::future::try_join_all((0..self.size).map(|_| self.connections.get()))
+                    .await
+                    .map_err(|e| {
+                        if self.errors.count() == failures {
+                            pool_error(e)
+                        } else {
+                            self.errors.last()
+                        }
+                    })?;
+            futures_util::future::try_join_all(held.iter().map(|pooled| {
+                let mut conn = pooled.conn.clone();
+                async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
+            }))
+            .await?;
+            Ok(())
+        };
+        tokio::time::timeout(self.probe_limit, all)
+            .await
+            .unwrap_or_else(|_| Err(timed_out("connecting every pooled connection")))
     }
 }
 

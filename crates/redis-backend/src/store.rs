@@ -135,6 +135,20 @@ impl RedisStore {
         self.deadline(self.load_scripts_now()).await
     }
 
+    /// Makes every connection the store may use now, so that no later call waits for one to
+    /// be made: for a pool, all of its connections, each answering a `PING` (the pool
+    /// otherwise connects on demand, when a call finds no connection idle). The multiplexed
+    /// connection, Sentinel's primary and a cluster's nodes are connected by
+    /// [`build`](crate::RedisStoreBuilder::build) already. Bounded by the connect timeout.
+    /// For benchmarks, which time calls, not connects.
+    pub async fn connect_all(&self) -> Result<(), StoreError> {
+        self.inner
+            .conn
+            .connect_all()
+            .await
+            .map_err(|e| classify(&e))
+    }
+
     pub(crate) async fn load_scripts_now(&self) -> Result<(), StoreError> {
         let mut pipe = Pipeline::with_capacity(3);
         for s in scripts::all() {
