@@ -35,8 +35,9 @@ pub(crate) struct Ceiling {
     pub requests: u64,
     /// Requests per second over the run.
     pub requests_per_sec: f64,
-    /// tollgate's answered decisions/s (errors excluded) divided by this ceiling.
-    pub tollgate_ratio: f64,
+    /// tollgate's answered decisions/s (errors excluded) divided by this ceiling; `null` when
+    /// the run's rate was withheld (some decisions were not the store's).
+    pub tollgate_ratio: Option<f64>,
 }
 
 struct Endpoint {
@@ -120,7 +121,7 @@ pub(crate) async fn run(
     keys: usize,
     clients: usize,
     requests: u64,
-    tollgate_rate: f64,
+    tollgate_rate: Option<f64>,
 ) -> Result<Vec<Ceiling>> {
     let ep = Arc::new(endpoint(url)?);
     let mut out = Vec::new();
@@ -141,7 +142,7 @@ pub(crate) async fn run(
             pipeline,
             requests,
             requests_per_sec: rps,
-            tollgate_ratio: tollgate_rate / rps,
+            tollgate_ratio: tollgate_rate.map(|rate| rate / rps),
         });
     }
     Ok(out)

@@ -396,11 +396,24 @@ pub(crate) struct Summary {
     /// way to `degraded`, `bypassed` or `unavailable`.
     timeline: Vec<Slot>,
     admitted_cost: u64,
-    /// Answered decisions (`allowed + denied`, errors excluded) per second of the run.
-    decisions_per_sec: f64,
+    /// Answered decisions (`allowed + denied`, errors excluded) per second of the run; `null`
+    /// (withheld, see `rate_withheld`) when any decision was `degraded` or `bypassed`.
+    decisions_per_sec: Option<f64>,
+    /// Why `decisions_per_sec` is `null`: decisions the store did not make (local fallback,
+    /// fail-open) took part in the run. They are fast and local, and the calls that fell back
+    /// waited out their deadline first, so no rate over the run measures the store; the
+    /// counts by enforcement and the timeline show what happened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_withheld: Option<String>,
     /// Keys decided per call (`--batch`); latency is per call.
     batch: u64,
-    latency_us: Latency,
+    /// Latency of the calls the store decided wholly (`shared`): calls that failed, fell
+    /// back (`degraded`) or were let through (`bypassed`) are not in it; `null` if there
+    /// were none.
+    latency_us: Option<Latency>,
+    /// The longest call of the run, whatever its outcome (failed and fallen-back calls
+    /// included): each is bounded by `--timeout` plus scheduling.
+    slowest_call_us: f64,
     /// Most cost one shared quota could admit over the run, summed over keys. With the local
     /// store every instance has its own quota, so the fleet may admit `instances` times this.
     quota_bound_per_store: u64,
@@ -413,6 +426,8 @@ pub(crate) struct Summary {
 
 #[derive(Debug, Serialize)]
 struct Latency {
+    /// Calls measured.
+    calls: u64,
     p50: f64,
     p99: f64,
     p999: f64,
@@ -552,6 +567,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                 let mut current = 0;
                 // the start of this task's first call and the end of its last
                 let mut span: Option<(Instant, Instant)> = None;
+                let mut slowest = 0u64;
                 // Request numbers are taken CHUNK calls at a time, so the tasks do not contend
                 // on one counter for every call; the bound stays exact.
                 let (mut next, mut end) = (0u64, 0u64);
@@ -587,7 +603,15 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     let t0 = Instant::now();
                     let result = probe.run(chosen, cost).await;
                     let t1 = Instant::now();
-                    hist.saturating_record(t1.duration_since(t0).as_nanos().max(1) as u64);
+                    let took = t1.duration_since(t0).as_nanos().max(1) as u64;
+                    slowest = slowest.max(took);
+                    // only the store's decisions: a fallen-back call's time is its deadline
+                    // and a local decision's, not the store's
+                    if let Ok(t) = &result
+                        && t.degraded + t.bypassed + t.errors == 0
+                    {
+                        hist.saturating_record(took);
+                    }
                     span = Some((span.map_or(t0, |(first, _)| first), t1));
                     if let Err(Failure::Unavailable(e) | Failure::Other(e)) = &result {
                         first_error
@@ -605,7 +629,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     pending.add(&result, last - n);
                 }
                 pending.flush(&counters.total, &counters.slots[current]);
-                (hist, span)
+                (hist, span, slowest)
             }));
         }
     }
@@ -629,9 +653,11 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     });
     let mut hists = Vec::with_capacity(handles.len());
     let mut span: Option<(Instant, Instant)> = None;
+    let mut slowest = 0u64;
     for h in handles {
-        let (h, s) = h.await?;
+        let (h, s, slow) = h.await?;
         hists.push(h);
+        slowest = slowest.max(slow);
         if let Some((first, last)) = s {
             span = Some(span.map_or((first, last), |(f, l)| (f.min(first), l.max(last))));
         }
@@ -660,6 +686,13 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     let errors = counters.total.errors.load(Ordering::Relaxed);
     let requests = allowed + denied + errors;
     let decided = allowed + denied;
+    let fell_back = counters.total.degraded.load(Ordering::Relaxed)
+        + counters.total.bypassed.load(Ordering::Relaxed);
+    let rate_withheld = (fell_back > 0).then(|| {
+        format!(
+            "{fell_back} of {decided} decisions were not made by the store (degraded or bypassed)"
+        )
+    });
     let used =
         ((wall.as_secs_f64() / SLOT.as_secs_f64()).ceil() as usize).clamp(1, counters.slots.len());
     let timeline = counters.slots[..used]
@@ -696,15 +729,20 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
         by_enforcement: counters.total.slot(0.0),
         timeline,
         admitted_cost: saturate(u128::from(allowed) * u128::from(args.cost)),
-        decisions_per_sec: decided as f64 / elapsed.as_secs_f64(),
+        decisions_per_sec: rate_withheld
+            .is_none()
+            .then(|| decided as f64 / elapsed.as_secs_f64()),
+        rate_withheld,
         batch: args.batch,
-        latency_us: Latency {
+        latency_us: (!hist.is_empty()).then(|| Latency {
+            calls: hist.len(),
             p50: hist.value_at_quantile(0.5) as f64 / 1e3,
             p99: hist.value_at_quantile(0.99) as f64 / 1e3,
             p999: hist.value_at_quantile(0.999) as f64 / 1e3,
             max: hist.max() as f64 / 1e3,
             mean: hist.mean() / 1e3,
-        },
+        }),
+        slowest_call_us: slowest as f64 / 1e3,
         quota_bound_per_store: bucket_bound(&args.policy, wall).saturating_mul(args.keys as u64),
         first_error: first_error.lock().expect("poisoned").clone(),
         redis_benchmark: Vec::new(),
@@ -802,18 +840,31 @@ fn print_human(s: &Summary) -> Result<()> {
             )?;
         }
     }
-    crate::outln!(
-        "throughput  {:.0} decisions/s (answered only: {} error(s) not counted)",
-        s.decisions_per_sec,
-        s.errors
-    )?;
-    crate::outln!(
-        "latency     p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us",
-        s.latency_us.p50,
-        s.latency_us.p99,
-        s.latency_us.p999,
-        s.latency_us.max
-    )?;
+    match (s.decisions_per_sec, &s.rate_withheld) {
+        (Some(rate), _) => crate::outln!(
+            "throughput  {rate:.0} decisions/s (answered only: {} error(s) not counted)",
+            s.errors
+        )?,
+        (None, why) => crate::outln!(
+            "throughput  withheld: {}; no rate over such a run measures the store",
+            why.as_deref().unwrap_or("no rate")
+        )?,
+    }
+    match &s.latency_us {
+        Some(l) => crate::outln!(
+            "latency     p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us ({} call(s) the store decided; slowest call of any kind {:.1} us)",
+            l.p50,
+            l.p99,
+            l.p999,
+            l.max,
+            l.calls,
+            s.slowest_call_us
+        )?,
+        None => crate::outln!(
+            "latency     none: the store decided no call (slowest call {:.1} us)",
+            s.slowest_call_us
+        )?,
+    }
     crate::outln!(
         "admitted    {} cost units; one shared quota allows at most {} over the run{}",
         s.admitted_cost,
@@ -833,12 +884,13 @@ fn print_human(s: &Summary) -> Result<()> {
     }
     for c in &s.redis_benchmark {
         crate::outln!(
-            "ceiling     bare EVALSHA, same script -c {} -P {} -n {}: {:.0} req/s; tollgate/ceiling = {:.2}",
+            "ceiling     bare EVALSHA, same script -c {} -P {} -n {}: {:.0} req/s; tollgate/ceiling = {}",
             c.clients,
             c.pipeline,
             c.requests,
             c.requests_per_sec,
             c.tollgate_ratio
+                .map_or_else(|| "withheld".to_owned(), |r| format!("{r:.2}"))
         )?;
     }
     Ok(())
