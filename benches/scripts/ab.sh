@@ -14,15 +14,12 @@ D=$(mktemp -d)
 source "$(dirname "$0")/lib.sh"
 start_redis "$PORT" "$D"
 trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1; rm -rf $D' EXIT
-# run BINARY: "<decisions/s> <client CPU µs per decision>"
+# run BINARY: "<decisions/s> <client CPU µs per decision>"; a run with errors stops the script
 run() {
   local out
-  out=$(/usr/bin/time -f 'cpu %U %S' "$1" load --threads 1 --redis redis://127.0.0.1:$PORT --policy token-bucket:capacity=100,rate=50 --tasks 64 --requests 200000 --keys 100000 --multiplexed --json 2>&1)
-  echo "$out" | python3 -c "
-import json, sys
-text = sys.stdin.read(); cpu = [l for l in text.splitlines() if l.startswith('cpu ')][-1].split()
-d = json.loads(text[text.index('{'):text.rindex('}') + 1])
-print(round(d['decisions_per_sec']), '%.2f' % ((float(cpu[1]) + float(cpu[2])) * 1e6 / 200000))"
+  out=$(/usr/bin/time -f 'cpu %U %S' "$1" load --threads 1 --redis redis://127.0.0.1:$PORT --policy token-bucket:capacity=100,rate=50 --tasks 64 --requests 200000 --keys 100000 --multiplexed --json 2>&1) \
+    || { echo "ab.sh: $1 load failed: $out" >&2; return 1; }
+  echo "$out" | load_figure "ab.sh: $1" "'%d %.2f' % (round(d['decisions_per_sec']), sum(map(float, [l for l in text.splitlines() if l.startswith('cpu ')][-1].split()[1:3])) * 1e6 / 200000)"
 }
 run "$A" >/dev/null; run "$B" >/dev/null
 for r in $(seq $R); do

@@ -31,3 +31,24 @@ start_redis() {
   echo "$0: the redis-server started on port $port did not answer (log: $dir/redis.log)" >&2
   exit 1
 }
+
+# load_figure WHO EXPR: reads what `tollgate load --json` printed on stdin (other lines around
+# the JSON allowed) and prints the Python expression EXPR over its summary `d` (and `text`, all
+# that was read). Fails loudly, naming WHO, when the run had errors (requests that got no
+# decision) or its rate was withheld (decisions the store did not make): such a run's figures
+# do not measure decisions, and a ratio built on them would hide that.
+load_figure() {
+  python3 -c "
+import json, sys
+who, expr = sys.argv[1], sys.argv[2]
+text = sys.stdin.read()
+try:
+    d = json.loads(text[text.index('{'):text.rindex('}') + 1])
+except ValueError:
+    sys.exit('%s: no summary from tollgate load: %s' % (who, text.strip()[-2000:]))
+if d['errors'] or d.get('decisions_per_sec') is None:
+    sys.exit('%s: %d of %d requests got no decision (first error: %s)%s; no figure from this run'
+             % (who, d['errors'], d['requests'], d.get('first_error'),
+                '; rate withheld: %s' % d['rate_withheld'] if d.get('rate_withheld') else ''))
+print(eval(expr))" "$1" "$2"
+}

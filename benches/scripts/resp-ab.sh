@@ -9,8 +9,9 @@ T=${T:-$TOLLGATE_BIN}; PORT=${PORT:-7811}; R=${1:-3}
 D=$(mktemp -d)
 start_redis "$PORT" "$D"
 trap 'redis-cli -p $PORT shutdown nosave >/dev/null 2>&1; rm -rf $D' EXIT
-tp() { $T load --threads 1 --redis "$1" --policy token-bucket:capacity=100,rate=50 --tasks 64 --requests 200000 --keys 100000 --multiplexed --json 2>/dev/null | python3 -c "import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index('{'):t.rindex('}')+1]); print(round(d['decisions_per_sec']))"; }
-lat() { $T load --threads 1 --redis "$1" --policy token-bucket:capacity=100,rate=50 --tasks 1 --requests 20000 --keys 100000 --json 2>/dev/null | python3 -c "import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index('{'):t.rindex('}')+1]); print(d.get('latency_us',{}).get('p50', d.get('p50_us','?')))"; }
+# tp URL: decisions/s; lat URL: p50 µs one call at a time. A run with errors stops the script.
+tp() { $T load --threads 1 --redis "$1" --policy token-bucket:capacity=100,rate=50 --tasks 64 --requests 200000 --keys 100000 --multiplexed --json | load_figure "resp-ab.sh: $1" "round(d['decisions_per_sec'])"; }
+lat() { $T load --threads 1 --redis "$1" --policy token-bucket:capacity=100,rate=50 --tasks 1 --requests 20000 --keys 100000 --json | load_figure "resp-ab.sh: $1" "d['latency_us']['p50']"; }
 U3="redis://127.0.0.1:$PORT"; U2="redis://127.0.0.1:$PORT/?protocol=resp2"
 tp $U3 >/dev/null; tp $U2 >/dev/null
 for r in $(seq $R); do
