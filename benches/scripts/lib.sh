@@ -3,6 +3,19 @@
 # The release build of the load tool, wherever cargo puts it (CARGO_TARGET_DIR honoured).
 TOLLGATE_BIN="${CARGO_TARGET_DIR:-target}/release/tollgate"
 
+# needs PACKAGE COMMAND...: exits the script, naming the Debian package to install, if any
+# COMMAND is missing (a fresh Debian 12 machine has no valgrind, no redis-tools).
+needs() {
+  local package=$1 cmd
+  shift
+  for cmd in "$@"; do
+    command -v "$cmd" >/dev/null 2>&1 || {
+      echo "$0: needs $cmd (apt-get install -y $package)" >&2
+      exit 1
+    }
+  done
+}
+
 # port_is_free PORT: exits the script if something already answers on PORT. redis-server
 # --daemonize exits 0 even when it cannot listen, so a script that went on would drive, flush
 # and shut down somebody else's server.

@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/scripts/lib.sh
+needs redis-server redis-server
+needs redis-tools redis-cli redis-benchmark
+needs python3 python3
 N=${1:-100000}
 CSV=${CSV:-/dev/null}   # also write the throughput table as CSV (for benches/scripts/chart.py)
 PORT=${PORT:-7790}

@@ -18,6 +18,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/scripts/lib.sh
+needs valgrind valgrind callgrind_control
+needs redis-server redis-server
+needs redis-tools redis-cli
+needs python3 python3
 N=${1:-5000}
 PORT=${PORT:-7795}
 DIR=$(mktemp -d)
@@ -30,6 +34,10 @@ valgrind --tool=callgrind --callgrind-out-file="$DIR/out.%p" \
 VG=$!
 trap 'redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; wait $VG 2>/dev/null || true; rm -rf "$DIR"' EXIT
 for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
+redis-cli -p "$PORT" ping >/dev/null 2>&1 || {
+  echo "script-cost.sh: redis-server under valgrind did not answer on port $PORT in 20 s: $(tail -5 "$DIR/valgrind.log")" >&2
+  exit 1
+}
 cost() { # name, script file(s), key, args...
   local name=$1 src=$2 key=$3; shift 3
   local sha
