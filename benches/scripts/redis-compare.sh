@@ -140,24 +140,33 @@ for p in "$SRC_PORT" "$OUR_PORT" "$RB_PORT"; do redis-cli -p "$p" shutdown nosav
 echo
 echo "### Connections: multiplexed vs bb8 pools (token bucket, 100,000 keys; 3 rounds each)"
 echo
-echo "| connection | tasks | decisions/s, each round | median | p50 µs (median) | p99 µs (median) |"
-echo "|---|---:|---|---:|---:|---:|"
+echo "A pool connects on demand, as the library does in a service (a connection is made only when"
+echo "a call finds none idle: on one runtime thread a pool keeps the one connection it starts with);"
+echo '`all` rows pass `--connect-all`: every connection made before the clock, and every one deciding.'
+echo
+echo "| runtime threads | connection | tasks | decisions/s, each round | median | p50 µs (median) | p99 µs (median) |"
+echo "|---:|---|---:|---|---:|---:|---:|"
+for threads in 1 2; do
 for tasks in 16 64; do
-  for conn in multiplexed 4 16 64; do
-    extra="--multiplexed"; [ "$conn" != multiplexed ] && extra="--pool $conn"
+  for conn in multiplexed 4 16 64 4all 16all 64all; do
+    case $conn in
+      multiplexed) extra="--multiplexed"; label=multiplexed ;;
+      *all) extra="--pool ${conn%all} --connect-all"; label="pool(${conn%all}), all" ;;
+      *) extra="--pool $conn"; label="pool($conn)" ;;
+    esac
     rates=(); p50s=(); p99s=()
     for _ in 1 2 3; do
-      out=$(load --threads "$THREADS" --redis "$URL" --policy "$TB" --tasks "$tasks" --requests "$N" --keys 100000 $extra)
+      out=$(load --threads "$threads" --redis "$URL" --policy "$TB" --tasks "$tasks" --requests "$N" --keys 100000 $extra)
       rates+=("$(echo "$out" | j "round(d['decisions_per_sec'])")")
       p50s+=("$(echo "$out" | j "d['latency_us']['p50']")")
       p99s+=("$(echo "$out" | j "d['latency_us']['p99']")")
     done
-    label=$conn; [ "$conn" != multiplexed ] && label="pool($conn)"
     python3 -c "
 import statistics as st
 r=[$(IFS=,; echo "${rates[*]}")]; a=[$(IFS=,; echo "${p50s[*]}")]; b=[$(IFS=,; echo "${p99s[*]}")]
-print('| $label | $tasks | %s | %d | %.1f | %.1f |' % (', '.join(str(x) for x in r), st.median(r), st.median(a), st.median(b)))"
+print('| $threads | $label | $tasks | %s | %d | %.1f | %.1f |' % (', '.join(str(x) for x in r), st.median(r), st.median(a), st.median(b)))"
   done
+done
 done
 echo
 echo "### Client runtime threads (token bucket, multiplexed, 64 tasks, 100,000 keys; 3 rounds, interleaved)"

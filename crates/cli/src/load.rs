@@ -130,6 +130,14 @@ pub(crate) struct LoadArgs {
     /// another left. Not with `--ping` or `--deny-cache`, whose runs do other work.
     #[arg(long, requires = "redis", conflicts_with_all = ["ping", "deny_cache"])]
     compare_redis_benchmark: bool,
+    /// Make every connection of the store's pool before the clock starts, each answering a
+    /// `PING` (`RedisStore::connect_all`, as a service that calls it at startup), so that every
+    /// one of them decides. Without it the pool connects on demand, as the library does in a
+    /// service: a connection is made only when a call finds none idle, so on one runtime
+    /// thread a pool of any size keeps the one connection it starts with, and on more threads
+    /// it grows as contention asks, its connects inside the timed run (~1 ms at 64 tasks).
+    #[arg(long, requires = "redis", conflicts_with = "multiplexed")]
+    connect_all: bool,
     /// What each instance does when the store cannot answer. The summary counts decisions by
     /// enforcement (`shared`, `degraded`, `bypassed`) and refusals as `unavailable`, overall
     /// and per second, so an outage during the run shows where it started and ended.
@@ -519,10 +527,15 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     }
                 }
             } else {
-                // every connection made now, before the clock starts: a pool otherwise
-                // connects on demand, inside the run
+                // with --connect-all, every connection is made now, before the clock starts; a
+                // pool otherwise connects on demand, inside the run, as it does in a service
+                let connected = if args.connect_all {
+                    store.connect_all().await?
+                } else {
+                    store.connect().await?
+                };
                 let mut b = Limiter::builder("load", args.policy)
-                    .store(store.connect_all().await?)
+                    .store(connected)
                     .failure_mode(args.fail_mode.mode(args.instances))
                     .timeout(args.store.timeout);
                 if let Some(n) = args.deny_cache {

@@ -213,41 +213,21 @@ fn the_ceiling_runs_as_many_requests_as_the_load_run() {
     );
 }
 
-/// Every connection of a pool is made before the clock starts. The pool connects on demand,
-/// when a call finds no connection idle, so connects fell inside the timed run (before, two
-/// instances with `--pool 4`, 2 runtime threads, 32 tasks each: 2 connections made before the
-/// first decision, the rest during it, their connects timed as decisions; with one runtime
-/// thread a pool never made a second connection, so `--pool 4` measured one).
-#[test]
-fn every_pooled_connection_is_made_before_the_first_decision() {
+/// The clients that sent commands in a `load` run with `args` (besides `--json`), as
+/// `(connected before the first decision, connected during the run, deciding)`: a
+/// connection's first command marks its connect (`HELLO` over RESP3, or whatever it sent).
+fn connections_of(args: &[&str]) -> [std::collections::BTreeSet<String>; 3] {
     let redis = RedisServer::start();
-    let (s, seen) = monitored(&redis, || {
-        load_json(&[
-            "--redis",
-            &redis.url(),
-            "--pool",
-            "4",
-            "--instances",
-            "2",
-            "--threads",
-            "2",
-            "--tasks",
-            "32",
-            "--requests",
-            "4000",
-            "--keys",
-            "1000",
-            "--policy",
-            "token-bucket:capacity=100,rate=50",
-            "--json",
-        ])
-    });
+    let url = redis.url();
+    let mut all = vec!["--redis", url.as_str()];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (s, seen) = monitored(&redis, || load_json(&all));
     assert_eq!(s["errors"], 0, "{s}");
     let first = seen
         .iter()
         .position(|c| c.name == "EVALSHA")
         .expect("the run's decisions");
-    // a connection's first command marks its connect (HELLO over RESP3, or whatever it sent)
     let mut before = std::collections::BTreeSet::new();
     let mut during = std::collections::BTreeSet::new();
     // (the commands a script runs show as client `lua`)
@@ -260,17 +240,50 @@ fn every_pooled_connection_is_made_before_the_first_decision() {
             }
         }
     }
-    let deciding: std::collections::BTreeSet<_> = seen
+    let deciding: std::collections::BTreeSet<String> = seen
         .iter()
         .filter(|c| c.name == "EVALSHA")
         .map(|c| c.client.clone())
         .collect();
     eprintln!(
-        "connections made before the first decision: {}, during the run: {}, deciding: {}",
+        "{args:?}: connections made before the first decision: {}, during the run: {}, deciding: {}",
         before.len(),
         during.len(),
         deciding.len()
     );
+    [before, during, deciding]
+}
+
+const POOLED: [&str; 10] = [
+    "--pool",
+    "4",
+    "--instances",
+    "2",
+    "--tasks",
+    "32",
+    "--requests",
+    "4000",
+    "--keys",
+    "1000",
+];
+
+/// With `--connect-all`, every connection of a pool is made before the clock starts. The pool
+/// connects on demand, when a call finds no connection idle, so connects fell inside the timed
+/// run (before, with no way to make them first, two instances with `--pool 4`, 2 runtime
+/// threads, 32 tasks each: 2 connections made before the first decision, the rest during it,
+/// their connects timed as decisions; with one runtime thread a pool never made a second
+/// connection, so `--pool 4` measured one).
+#[test]
+fn every_pooled_connection_is_made_before_the_first_decision() {
+    let mut args = POOLED.to_vec();
+    args.extend([
+        "--connect-all",
+        "--threads",
+        "2",
+        "--policy",
+        "token-bucket:capacity=100,rate=50",
+    ]);
+    let [before, during, deciding] = connections_of(&args);
     assert!(
         during.is_empty(),
         "{} connection(s) made while the run was timed: {during:?}",
@@ -285,5 +298,26 @@ fn every_pooled_connection_is_made_before_the_first_decision() {
         deciding.len(),
         8,
         "every pooled connection decides: {deciding:?}"
+    );
+}
+
+/// Without `--connect-all` the run measures the pool as a service gets it, connecting on
+/// demand: on one runtime thread each instance's pool keeps the one connection it starts
+/// with (a call always finds it idle again), as `--connect-all`'s help says.
+#[test]
+fn without_connect_all_a_pool_on_one_thread_keeps_one_connection() {
+    let mut args = POOLED.to_vec();
+    args.extend([
+        "--threads",
+        "1",
+        "--policy",
+        "token-bucket:capacity=100,rate=50",
+    ]);
+    let [_, during, deciding] = connections_of(&args);
+    assert!(during.is_empty(), "connected during the run: {during:?}");
+    assert_eq!(
+        deciding.len(),
+        2,
+        "one connection per instance: {deciding:?}"
     );
 }
