@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 source benches/scripts/lib.sh
 ROUNDS=${1:-5}
 N=${2:-100000}
-PORT=${PORT:-7795}
+PORT=${PORT:-7796}
 cargo build --release -q -p tollgate-cli
 B=$TOLLGATE_BIN
 DIR=$(mktemp -d)

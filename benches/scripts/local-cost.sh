@@ -10,8 +10,8 @@
 # Each figure is (run with `calls` calls - run with 0 calls) / calls: the setup (building the
 # keys, touching each once) is subtracted. One thread. Needs valgrind. Beside the two limiters,
 # the `map_floor` example gives what the map alone costs (a `get_mut` and a write per call, same
-# keys and hasher) with governor's 24-byte entries, LocalStore's 48-byte ones, and 32-byte ones
-# (the least a token bucket's level and time take beside a `Key`).
+# keys and hasher) with governor's 24-byte entries, LocalStore's 32-byte ones (a `Key` and its
+# 16-byte bucket, since `94c0b59`), and the 48-byte ones it had before.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CALLS=${1:-1000000}
