@@ -12,8 +12,12 @@
 //! missing there is not loud: without `+asking`, a key a slot migration already moved is
 //! `Unavailable` until the migration ends.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
+
+use common::{eventually, until};
 
 use tollgate::{BreakerState, Error, FailureMode, Limiter};
 use tollgate_core::{Acquire, ErrorClass, Key, Policy, Rate, Store, StoreError, Transition};
@@ -442,21 +446,6 @@ async fn credentials_revoked_at_runtime_are_not_an_outage() {
 // ---------------------------------------------------------------------------------------------
 // Sentinel and Cluster
 
-/// Polls `done` every 50 ms until it holds.
-///
-/// # Panics
-/// If it does not within `timeout`.
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + timeout;
-    while !done() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: not within {timeout:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// `ROLE`'s first field (`master`, `slave`) of `server`, as the default user.
 fn role(server: &RedisServer) -> Option<String> {
     let mut conn = server
@@ -533,9 +522,9 @@ async fn behind_sentinel_the_data_nodes_need_exactly_the_documented_rules() {
     let old = topology.current_primary_index();
     let sentinel = &topology.sentinels()[0];
     // Refused (NOGOODSLAVE) until the sentinel has a fresh view of the replica's link.
-    wait_until(
-        "SENTINEL FAILOVER accepted",
+    until(
         Duration::from_secs(15),
+        "SENTINEL FAILOVER accepted",
         || {
             redis::cmd("SENTINEL")
                 .arg("FAILOVER")
@@ -544,7 +533,7 @@ async fn behind_sentinel_the_data_nodes_need_exactly_the_documented_rules() {
                 .is_ok()
         },
     );
-    wait_until("the roles swap", Duration::from_secs(20), || {
+    until(Duration::from_secs(20), "the roles swap", || {
         let data = topology.data_servers();
         topology.current_primary_index() != old
             && role(&data[1 - old]).as_deref() == Some("master")
@@ -627,22 +616,6 @@ fn watch_commands(topology: &SentinelCluster) -> Vec<Vec<String>> {
                 .collect()
         })
         .collect()
-}
-
-/// Polls `done` every 50 ms, for at most `timeout`, without blocking the runtime (the store's
-/// sentinel watches run on it): whether it came true.
-async fn eventually(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    for _ in 0..10_000 {
-        if done() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    done()
 }
 
 /// A sentinel-side ACL user with exactly [`SENTINEL_SIDE_RULES`] (docs/security.md) on every

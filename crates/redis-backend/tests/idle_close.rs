@@ -5,6 +5,8 @@
 //! RESP3 (over which redis-rs reports the close), the next call on each closed connection
 //! failed with `Unavailable { "Redis: I/O error", broken pipe }` on every connection kind.
 
+mod common;
+
 use std::time::Duration;
 
 use tollgate_core::{Key, Policy, Rate, Store, StoreError};
@@ -197,16 +199,13 @@ fn clients_of(server: &RedisServer, kind: &str) -> Vec<i64> {
         .collect()
 }
 
-/// Waits, at most 100 × 10 ms, until `done` holds of the normal clients of `server`; whether
-/// it did.
+/// Waits, at most 1 s ([`common::eventually`]), until `done` holds of the normal clients of
+/// `server`; whether it did.
 async fn wait_for_clients(server: &RedisServer, done: impl Fn(&[i64]) -> bool) -> bool {
-    for _ in 0..100 {
-        if tokio::task::block_in_place(|| done(&clients_of(server, "normal"))) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
+    common::eventually(Duration::from_secs(1), || {
+        tokio::task::block_in_place(|| done(&clients_of(server, "normal")))
+    })
+    .await
 }
 
 /// One registry call of each kind, each the first after the server closed every normal

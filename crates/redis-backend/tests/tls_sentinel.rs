@@ -6,8 +6,12 @@
 #![cfg(feature = "tls")]
 #![allow(unsafe_code)] // set_var before any other thread reads the environment
 
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use common::until;
 
 use tollgate_core::{ErrorClass, Key, Policy, Rate, Store};
 use tollgate_redis::RedisStore;
@@ -49,15 +53,6 @@ fn data_node(d: &Path, replica_of: Option<u16>) -> (RedisServer, u16) {
     (server, port)
 }
 
-/// Polls `check` every 20 ms until it holds, for at most `limit`.
-fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn query<T: redis::FromRedisValue>(server: &RedisServer, cmd: &redis::Cmd) -> Option<T> {
     let mut conn = server
         .client()
@@ -83,9 +78,9 @@ fn reported_primary(sentinel: &RedisServer) -> Option<u16> {
 fn topology(d: &Path) -> (RedisServer, RedisServer, u16, RedisServer) {
     let (primary, primary_tls) = data_node(d, None);
     let (replica, replica_tls) = data_node(d, Some(primary_tls));
-    wait_until(
-        "the replica syncs over TLS",
+    until(
         Duration::from_secs(10),
+        "the replica syncs over TLS",
         || {
             query::<String>(&replica, redis::cmd("INFO").arg("replication"))
                 .is_some_and(|info| info.contains("master_link_status:up"))
@@ -107,9 +102,9 @@ fn topology(d: &Path) -> (RedisServer, RedisServer, u16, RedisServer) {
         ))
         .extra_args(["--sentinel"])
         .start();
-    wait_until(
-        "the sentinel knows the replica's TLS port",
+    until(
         Duration::from_secs(15),
+        "the sentinel knows the replica's TLS port",
         || {
             query::<Vec<Vec<String>>>(
                 &sentinel,
@@ -171,15 +166,15 @@ fn a_sentinel_store_reaches_tls_data_nodes_before_and_after_a_failover() {
 
         // The bucket reaches the replica, then the sentinel promotes it.
         // (WAIT on a connection of the test's own would not wait for the store's write.)
-        wait_until(
-            "the bucket reaches the replica",
+        until(
             Duration::from_secs(5),
+            "the bucket reaches the replica",
             || query::<i64>(&replica, &redis::cmd("DBSIZE")) == Some(1),
         );
         // Refused (NOGOODSLAVE) until the sentinel has a fresh view of the replica's link.
-        wait_until(
-            "SENTINEL FAILOVER accepted",
+        until(
             Duration::from_secs(15),
+            "SENTINEL FAILOVER accepted",
             || {
                 query::<String>(
                     &sentinel,
@@ -195,9 +190,9 @@ fn a_sentinel_store_reaches_tls_data_nodes_before_and_after_a_failover() {
         // Until the sentinel has turned the old primary into a replica, it still takes
         // writes, which its resync then drops (asynchronous replication: see the README);
         // the test waits that window out.
-        wait_until(
-            "the sentinel swaps the roles",
+        until(
             Duration::from_secs(15),
+            "the sentinel swaps the roles",
             || {
                 reported_primary(&sentinel) == Some(replica_tls)
                     && role(&replica).as_deref() == Some("master")
