@@ -425,19 +425,42 @@ async fn credentials_revoked_at_runtime_are_not_an_outage() {
         .arg(USER)
         .exec(&mut admin(&server))
         .unwrap();
+    let call = async || match limiter.check(["erin"], 1).await {
+        Ok(d) => format!("Ok({:?})", d.enforcement),
+        Err(Error::Store(e)) => format!("Store({:?})", e.class()),
+        Err(e) => format!("{e}"),
+    };
+    // Calls, 10 ms apart, until the reconnect's AUTH is refused (the first loud error; at
+    // most 5 s and 500 calls), then 5 calls more. (Before: ten calls 50 ms apart, of which
+    // the last five had to be loud, a time the reconnect was assumed to take.)
+    let loud = "Store(Script)";
+    let bound = Duration::from_secs(5);
+    let started = std::time::Instant::now();
     let mut outcomes = Vec::new();
-    for _ in 0..10 {
-        let got = limiter.check(["erin"], 1).await;
-        outcomes.push(match &got {
-            Ok(d) => format!("Ok({:?})", d.enforcement),
-            Err(Error::Store(e)) => format!("Store({:?})", e.class()),
-            Err(e) => format!("{e}"),
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut loud_from = None;
+    for i in 0..500 {
+        outcomes.push(call().await);
+        if outcomes[i] == loud {
+            loud_from = Some(i);
+            break;
+        }
+        if started.elapsed() >= bound {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let loud_from = loud_from.unwrap_or_else(|| {
+        panic!(
+            "no loud error within {bound:?} ({} calls) after the user was deleted: {outcomes:?}",
+            outcomes.len()
+        )
+    });
+    for _ in 0..5 {
+        outcomes.push(call().await);
     }
     let bypassed = outcomes.iter().filter(|o| o.contains("Bypassed")).count();
     assert!(
-        bypassed <= 3 && outcomes[5..].iter().all(|o| o == "Store(Script)"),
+        bypassed <= 3 && outcomes[loud_from..].iter().all(|o| o == loud),
         "after the user is deleted: {outcomes:?}"
     );
     println!("calls after ACL DELUSER: {outcomes:?}");
@@ -819,6 +842,20 @@ fn connections_received(conn: &mut redis::Connection) -> u64 {
         .expect("INFO stats names total_connections_received")
 }
 
+/// The sentinels with a command link to `sentinel` (`CLIENT LIST`: distinct clients named
+/// `sentinel-<run id>-cmd`).
+fn peer_links(sentinel: &RedisServer) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut admin(sentinel))
+        .unwrap();
+    list.lines()
+        .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("name=")))
+        .filter(|name| name.starts_with("sentinel-") && name.ends_with("-cmd"))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
 /// A sentinel that refuses the watch's catch-up question (`SENTINEL GET-MASTER-ADDR-BY-NAME`:
 /// a user without that right) is still watched on the one connection subscribed to
 /// `+switch-master`. The watch took the refusal for a lost connection and connected again
@@ -842,11 +879,39 @@ async fn a_sentinel_refusing_the_catch_up_question_is_watched_on_one_connection(
         .acquire(&k, &policies()[0], 1)
         .await
         .expect("a decision");
-    // the watches have subscribed (and been refused their question). Left fixed: polling
-    // for exactly that (each sentinel's ACL LOG refusal and a subscribed watch) started the
-    // window below too early, and one sentinel counted 2 connections in it; what settles in
-    // this second is not known yet.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watches have subscribed and been refused their question, and the sentinels have
+    // linked up: each sentinel's command link to each other one is made a moment after
+    // `SentinelCluster::start` returns (it waits until they know of each other, not until
+    // they are connected), ~2.3 s into the test, and those links are connections to the
+    // sentinels too. (The window below counted [0, 1, 2] such connections when it started
+    // on the watches alone.)
+    let settled = eventually(Duration::from_secs(10), || {
+        topology.sentinels().iter().all(|sentinel| {
+            acl_denials(sentinel).contains(&(
+                "command".to_owned(),
+                "sentinel|get-master-addr-by-name".to_owned(),
+            )) && peer_links(sentinel) == topology.sentinels().len() - 1
+        }) && watch_commands(&topology)
+            .iter()
+            .all(|cmds| !cmds.is_empty())
+    })
+    .await;
+    assert!(
+        settled,
+        "each sentinel refused its watch's question, is watched and linked to the others: \
+         ACL LOG {:?}, watches {:?}, sentinel links {:?}",
+        topology
+            .sentinels()
+            .iter()
+            .map(acl_denials)
+            .collect::<Vec<_>>(),
+        watch_commands(&topology),
+        topology
+            .sentinels()
+            .iter()
+            .map(peer_links)
+            .collect::<Vec<_>>()
+    );
     let mut conns: Vec<redis::Connection> = topology.sentinels().iter().map(admin).collect();
     let before: Vec<u64> = conns.iter_mut().map(connections_received).collect();
     // A negative check, so a fixed window: (almost) no new connections in it. The bug
