@@ -10,6 +10,8 @@
 //!   about 38 s, 26,500 keys/s, bound by the debug client), with expiries of at most 5 s, then
 //!   none. `TOLLGATE_CARDINALITY_KEYS=1000000` runs the full million.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -260,9 +262,9 @@ async fn store_timeout_above_half_a_second_is_honoured() {
         }
         // Another client holds the server for 800 ms. It says when it is connected (the
         // slow part on a loaded host: a fixed sleep of 50 ms from the spawn was once too
-        // short, and the calls ran before the stall); sending its one command takes
-        // microseconds, so 100 ms later the server is inside the stall, with ~700 ms of it
-        // left: more than the hasty store's 300 ms.
+        // short, and the calls ran before the stall), and the test then polls until the
+        // server is inside the stall ([`busy`]: a fixed 100 ms before), with more than
+        // 600 ms of it left: more than the hasty store's 300 ms.
         let client = server.client();
         let (connected, ready) = tokio::sync::oneshot::channel();
         let stall = std::thread::spawn(move || {
@@ -275,7 +277,11 @@ async fn store_timeout_above_half_a_second_is_honoured() {
                 .unwrap();
         });
         ready.await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        common::until(
+            Duration::from_secs(5),
+            &format!("{kind}: the server is inside the stall script"),
+            || busy(server.port()),
+        );
         let (got, cut) = tokio::join!(
             patient.acquire(&slow, &policy, 1),
             hasty.acquire(&quick, &policy, 1),
@@ -291,6 +297,22 @@ async fn store_timeout_above_half_a_second_is_honoured() {
         );
     }
 }
+
+/// Whether the server on `port` is busy (inside a script): a `PING` on a fresh connection gets
+/// no answer within [`BUSY_AFTER`]. (A raw socket: redis-rs's connection setup would wait on
+/// the busy server itself.)
+fn busy(port: u16) -> bool {
+    use std::io::{Read as _, Write as _};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(BUSY_AFTER)).unwrap();
+    conn.write_all(b"PING\r\n").unwrap();
+    let mut pong = [0; 7];
+    conn.read_exact(&mut pong).is_err()
+}
+
+/// How long [`busy`] waits for a `PONG`: far more than an idle server's answer takes, far less
+/// than [`STALL_800_MS`] lasts.
+const BUSY_AFTER: Duration = Duration::from_millis(150);
 
 /// Busy-waits 800 ms of Redis time inside the server.
 const STALL_800_MS: &str = "local s = redis.call('TIME') \

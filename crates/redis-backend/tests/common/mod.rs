@@ -81,7 +81,9 @@ fn checks(bound: Duration) -> u128 {
 /// `bound / POLL_EVERY + 1` checks), sleeping the thread in between.
 ///
 /// # Panics
-/// With `"{what}: not within {bound:?}"` if it does not hold within `bound`.
+/// With `"{what}: not within {bound:?}"` if it does not hold within `bound` (reported at the
+/// caller).
+#[track_caller]
 pub fn until(bound: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + bound;
     for _ in 0..checks(bound) {
