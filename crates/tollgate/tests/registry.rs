@@ -396,14 +396,40 @@ async fn a_reset_reaches_a_follower_whose_subscription_stalled() {
     )
     .await
     .unwrap();
+    // The subscribers of the registry's channel: a's, and b's (through the proxy; stalled, it
+    // stays subscribed on the server's side).
+    let channel = registry(&server).await.key().to_owned();
+    let subscribers = || {
+        let (_, n): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut server.client().get_connection().unwrap())
+            .unwrap();
+        n
+    };
     proxy.stall_open();
+    let stalled = subscribers();
     assert!(a.check(["k"], 1).await.unwrap().allowed);
     assert!(
         !b.check(["k"], 1).await.unwrap().allowed,
         "cached for the hour"
     );
-    // a poll, its PING's deadline and a resubscription
-    tokio::time::sleep(fb.bound() * 4).await;
+    // A poll, its PING's deadline and a resubscription: b's follower subscribes again, over a
+    // new connection. (A fixed 4 bounds before.)
+    let started = Instant::now();
+    let within = fb.bound() * 10;
+    for _ in 0..10_000 {
+        if subscribers() > stalled {
+            break;
+        }
+        assert!(
+            started.elapsed() < within,
+            "b's follower did not subscribe again within {within:?}: {} subscribers, {stalled} \
+             at the stall",
+            subscribers()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     fa.reset(&a, ["k"]).await.unwrap();
     let started = Instant::now();
     let within = fb.bound() * 10;
