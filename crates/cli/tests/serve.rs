@@ -456,6 +456,32 @@ fn print_config_shows_the_builtin_policy_file() {
     assert_eq!(text, tollgate_http::BUILTIN_POLICY_FILE);
 }
 
+/// The bytes the server end of the loopback TCP connection from `client` to `server` has
+/// received and not read yet (its receive queue in `/proc/net/tcp`), or `None` if there is no
+/// such connection. A connection not accepted yet holds all that was sent to it.
+fn unread_by_server(client: std::net::SocketAddr, server: std::net::SocketAddr) -> Option<u64> {
+    let hex = |addr: std::net::SocketAddr| match addr {
+        std::net::SocketAddr::V4(v4) => {
+            format!(
+                "{:08X}:{:04X}",
+                u32::from_le_bytes(v4.ip().octets()),
+                v4.port()
+            )
+        }
+        std::net::SocketAddr::V6(_) => unreachable!("serve listens on 127.0.0.1"),
+    };
+    let (local, remote) = (hex(server), hex(client));
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) != Some(&local.as_str()) || fields.get(2) != Some(&remote.as_str()) {
+            return None;
+        }
+        let (_, rx) = fields.get(4)?.split_once(':')?;
+        u64::from_str_radix(rx, 16).ok()
+    })
+}
+
 /// After SIGTERM, a client holding a request open (a header line a second) kept `serve` up
 /// for good (still running 90 s later); requests in progress now get `--shutdown-grace`.
 #[test]
@@ -465,7 +491,23 @@ fn serve_exits_within_its_grace_after_sigterm_whatever_a_client_holds_open() {
     let addr = serve.base.trim_start_matches("http://").to_owned();
     let mut slow = std::net::TcpStream::connect(&addr).unwrap();
     slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // The server has accepted the connection and read the partial request (a fixed 200 ms
+    // before). Not a complete request first: that leaves the connection idle between
+    // requests, and the shutdown closes an idle connection at once, partial request or not.
+    let (client, server) = (slow.local_addr().unwrap(), slow.peer_addr().unwrap());
+    let bound = Duration::from_secs(10);
+    let start = std::time::Instant::now();
+    for _ in 0..1_000 {
+        if unread_by_server(client, server) == Some(0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < bound,
+            "serve did not read the partial request within {bound:?}: {:?} bytes unread",
+            unread_by_server(client, server)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let killed = Command::new("kill")
         .args(["-TERM", &serve.child.id().to_string()])
         .status()
