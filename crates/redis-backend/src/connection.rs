@@ -451,20 +451,12 @@ impl Pool {
     /// a call finds none idle, so the first calls under concurrency wait for connects (and a
     /// single-threaded caller, which always finds the one connection idle again, never makes
     /// a second).
+    ///
+    /// A connect that fails fails this at once with its error, as it fails a waiting call
+    /// ([`checkout`]).
     pub(crate) async fn connect_all(&self) -> RedisResult<()> {
         let all = async {
-            let failures = self.errors.count();
-            // held together, so each `get` past the idle ones makes a connection
-            let held =
-                futures_util::future::try_join_all((0..self.size).map(|_| self.connections.get()))
-                    .await
-                    .map_err(|e| {
-                        if self.errors.count() == failures {
-                            pool_error(e)
-                        } else {
-                            self.errors.last()
-                        }
-                    })?;
+            let held = self.hold_all().await?;
             futures_util::future::try_join_all(held.iter().map(|pooled| {
                 let mut conn = pooled.conn.clone();
                 async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
@@ -475,6 +467,33 @@ impl Pool {
         tokio::time::timeout(self.probe_limit, all)
             .await
             .unwrap_or_else(|_| Err(timed_out("connecting every pooled connection")))
+    }
+
+    /// Checks out every connection the pool may hold, all held together, so that each `get`
+    /// past the idle ones makes a connection. A connect that fails meanwhile fails this at
+    /// once with its error (bb8 would only tell the error sink, and the waiting `get`s would
+    /// time out: [`ConnectErrors`]).
+    async fn hold_all(&self) -> RedisResult<Vec<bb8::PooledConnection<'_, PoolManager>>> {
+        let failures = self.errors.count();
+        let failed = self.errors.0.failed.notified();
+        tokio::pin!(failed);
+        failed.as_mut().enable();
+        if self.errors.count() != failures {
+            return Err(self.errors.last());
+        }
+        let gets =
+            futures_util::future::try_join_all((0..self.size).map(|_| self.connections.get()));
+        tokio::select! {
+            biased;
+            () = &mut failed => Err(self.errors.last()),
+            got = gets => got.map_err(|e| {
+                if self.errors.count() == failures {
+                    pool_error(e)
+                } else {
+                    self.errors.last()
+                }
+            }),
+        }
     }
 }
 

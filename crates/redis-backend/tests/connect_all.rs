@@ -1,0 +1,95 @@
+//! `RedisStore::connect_all` on a pool: every connection made and answering, a refused
+//! connect reported at once.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use tollgate_core::ErrorClass;
+use tollgate_redis::RedisStore;
+
+/// The ids of the server's normal clients but the one asking.
+fn clients(server: &Server) -> BTreeSet<i64> {
+    let mut conn = server.conn();
+    let me: i64 = redis::cmd("CLIENT").arg("ID").query(&mut conn).unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut conn)
+        .unwrap();
+    list.lines()
+        .filter_map(|line| line.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .filter(|id| *id != me)
+        .collect()
+}
+
+/// `connect_all`, bounded by twice the connect timeout the tests build with, and how long it
+/// took.
+async fn timed_connect_all(
+    store: &RedisStore,
+) -> (Result<(), tollgate_core::StoreError>, Duration) {
+    let started = Instant::now();
+    let out = tokio::time::timeout(CONNECT_TIMEOUT * 2, store.connect_all())
+        .await
+        .expect("connect_all is bounded by the connect timeout");
+    (out, started.elapsed())
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn every_pooled_connection_is_made_and_answers() {
+    let server = Server::start();
+    let store = server.pooled(4).await;
+    assert_eq!(clients(&server).len(), 1, "build made one connection");
+    let (out, _) = timed_connect_all(&store).await;
+    out.unwrap();
+    assert_eq!(clients(&server).len(), 4, "a pool of 4");
+}
+
+/// A connect the server refuses fails `connect_all` at once with its error, as it fails a call
+/// waiting for a connection. Before, `connect_all` waited the whole connect timeout for the
+/// connects it had asked for, and then reported whichever timer fired first: the refusal, or
+/// (1 run in 20 with a 100 ms connect timeout) "timed out connecting every pooled
+/// connection", an outage, for a wrong password (here: 5.0 s, the whole connect timeout, for
+/// the `WRONGPASS` the next call reports in a millisecond).
+#[tokio::test]
+async fn a_refused_connect_fails_connect_all_at_once_with_its_error() {
+    let server = Server::start();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("pooled")
+        .arg("on")
+        .arg(">before")
+        .arg("~*")
+        .arg("+@all")
+        .query(&mut server.conn())
+        .unwrap();
+    let store = RedisStore::builder(format!("redis://pooled:before@127.0.0.1:{}", server.port()))
+        .connect_timeout(CONNECT_TIMEOUT)
+        .pool(4)
+        .build()
+        .await
+        .unwrap();
+    // the password changes: the pool's one connection stays, every new one is refused
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("pooled")
+        .arg("resetpass")
+        .arg(">after")
+        .query(&mut server.conn())
+        .unwrap();
+    let (out, took) = timed_connect_all(&store).await;
+    let err = out.expect_err("the new connections are refused");
+    assert!(
+        took < CONNECT_TIMEOUT / 2,
+        "connect_all took {took:?} (connect timeout {CONNECT_TIMEOUT:?}) to report {err:?}"
+    );
+    assert!(
+        err.class() != ErrorClass::Unavailable && err.to_string().contains("WRONGPASS"),
+        "a wrong password is reported as one, not as an outage: {err:?}"
+    );
+}
