@@ -453,16 +453,53 @@ impl Pool {
     /// a second).
     ///
     /// A connect that fails fails this at once with its error, as it fails a waiting call
-    /// ([`checkout`]).
+    /// ([`checkout`]). A pooled connection found dead (flagged broken, or failing its `PING`
+    /// with an error that needs a reconnect: closed by the server while idle) is flagged,
+    /// dropped by the pool when it goes back, and replaced in a second round; one that is
+    /// dead in that round too fails this with its error.
     pub(crate) async fn connect_all(&self) -> RedisResult<()> {
         let all = async {
-            let held = self.hold_all().await?;
-            futures_util::future::try_join_all(held.iter().map(|pooled| {
-                let mut conn = pooled.conn.clone();
-                async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
-            }))
-            .await?;
-            Ok(())
+            for round in 1..=CONNECT_ALL_ROUNDS {
+                let held = self.hold_all().await?;
+                // flagged broken already (a close heard while idle): not worth a `PING`
+                let broken: Vec<bool> = held
+                    .iter()
+                    .map(|pooled| pooled.health.broken.load(Ordering::Relaxed))
+                    .collect();
+                let pings = futures_util::future::join_all(held.iter().zip(&broken).map(
+                    |(pooled, &broken)| {
+                        let mut conn = pooled.conn.clone();
+                        async move {
+                            if broken {
+                                return Err(RedisError::from(io::Error::new(
+                                    io::ErrorKind::NotConnected,
+                                    "a pooled connection was closed",
+                                )));
+                            }
+                            redis::cmd("PING").query_async::<String>(&mut conn).await
+                        }
+                    },
+                ))
+                .await;
+                let mut dead = None;
+                for ((pooled, ping), broken) in held.iter().zip(pings).zip(broken) {
+                    match ping {
+                        Ok(_) => {}
+                        Err(e) if broken || e.is_unrecoverable_error() => {
+                            // dropped by the pool when `held` goes back (`has_broken`)
+                            pooled.health.broken.store(true, Ordering::Relaxed);
+                            dead.get_or_insert(e);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                match dead {
+                    None => return Ok(()),
+                    Some(e) if round == CONNECT_ALL_ROUNDS => return Err(e),
+                    Some(_) => {}
+                }
+            }
+            unreachable!("the last round returns")
         };
         tokio::time::timeout(self.probe_limit, all)
             .await
@@ -496,6 +533,9 @@ impl Pool {
         }
     }
 }
+
+/// Rounds of [`Pool::connect_all`]: one, and one more to replace the connections it found dead.
+const CONNECT_ALL_ROUNDS: u32 = 2;
 
 /// bb8 makes connections in the background and, when one fails, only tells its error sink;
 /// a caller waiting for a connection would wait until its deadline and learn nothing. This

@@ -1,5 +1,5 @@
 //! `RedisStore::connect_all` on a pool: every connection made and answering, a refused
-//! connect reported at once.
+//! connect reported at once, and connections the server closed replaced rather than reported.
 
 mod common;
 
@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::Server;
-use tollgate_core::ErrorClass;
+use tollgate_core::{ErrorClass, Key, Policy, Rate, Store};
 use tollgate_redis::RedisStore;
 
 /// The ids of the server's normal clients but the one asking.
@@ -39,6 +39,10 @@ async fn timed_connect_all(
 }
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn policy() -> Policy {
+    Policy::token_bucket(100, Rate::new(1, Duration::from_secs(3600))).unwrap()
+}
 
 #[tokio::test]
 async fn every_pooled_connection_is_made_and_answers() {
@@ -92,4 +96,26 @@ async fn a_refused_connect_fails_connect_all_at_once_with_its_error() {
         err.class() != ErrorClass::Unavailable && err.to_string().contains("WRONGPASS"),
         "a wrong password is reported as one, not as an outage: {err:?}"
     );
+}
+
+/// Connections the server closed while they sat idle in the pool are replaced, as a call
+/// replaces them. Before, `connect_all` sent its `PING` on them and failed with
+/// `Unavailable { "Redis: I/O error", broken pipe }` against a healthy server.
+#[tokio::test]
+async fn connections_the_server_closed_are_replaced() {
+    let server = Server::start();
+    let store = server.pooled(4).await;
+    timed_connect_all(&store).await.0.unwrap();
+    let before = clients(&server);
+    assert_eq!(before.len(), 4);
+    let killed = server.0.kill_clients();
+    assert!(killed >= 4, "killed {killed}");
+    let (out, _) = timed_connect_all(&store).await;
+    out.expect("the closed connections are replaced");
+    let after = clients(&server);
+    assert_eq!(after.len(), 4, "a pool of 4 again: {after:?}");
+    assert!(after.is_disjoint(&before), "{before:?} -> {after:?}");
+    let key = Key::new("connect-all", ["k"]).unwrap();
+    store.acquire(&key, &policy(), 1).await.unwrap();
+    assert_eq!(clients(&server), after, "the call used the new connections");
 }
