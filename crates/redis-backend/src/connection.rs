@@ -136,13 +136,21 @@ impl Conn {
         }
     }
 
-    /// Makes every connection this may use now ([`Pool::connect_all`]); the other kinds are
-    /// connected when the store is built, and reconnect on their own.
+    /// Makes every connection this may use now ([`Pool::connect_all`]). The multiplexed
+    /// connection and Sentinel's primary are connected by a `PING` (within the connect
+    /// timeout): `build` connected them already, but a store built lazily connects them on
+    /// its first call. A cluster's nodes are connected when the store is built, lazily or not.
     pub(crate) async fn connect_all(&self) -> RedisResult<()> {
-        match self {
-            Self::Pool(pool) => pool.connect_all().await,
-            Self::Multiplexed(_) | Self::Sentinel(_) | Self::Cluster(_) => Ok(()),
-        }
+        let (limit, what) = match self {
+            Self::Pool(pool) => return pool.connect_all().await,
+            Self::Cluster(_) => return Ok(()),
+            Self::Multiplexed(m) => (m.probe_limit, "connecting"),
+            Self::Sentinel(s) => (s.resolve_timeout, "connecting to the primary"),
+        };
+        tokio::time::timeout(limit, self.command(&redis::cmd("PING")))
+            .await
+            .unwrap_or_else(|_| Err(timed_out(what)))
+            .map(drop)
     }
 
     pub(crate) fn kind(&self) -> &'static str {

@@ -135,12 +135,21 @@ impl RedisStore {
         self.deadline(self.load_scripts_now()).await
     }
 
-    /// Makes every connection the store may use now, so that no later call waits for one to
-    /// be made: for a pool, all of its connections, each answering a `PING` (the pool
-    /// otherwise connects on demand, when a call finds no connection idle). The multiplexed
-    /// connection, Sentinel's primary and a cluster's nodes are connected by
-    /// [`build`](crate::RedisStoreBuilder::build) already. Bounded by the connect timeout.
-    /// For benchmarks, which time calls, not connects.
+    /// Makes every connection the store may use now, so that the calls that follow do not
+    /// wait for one to be made: for a pool, all of its connections, each answering a `PING`
+    /// (the pool otherwise connects on demand, when a call finds no connection idle); pooled
+    /// connections found closed are replaced. The multiplexed connection and Sentinel's
+    /// primary answer a `PING` (connected by [`build`](crate::RedisStoreBuilder::build)
+    /// already, they connect here on a store made by
+    /// [`build_lazy`](crate::RedisStoreBuilder::build_lazy)); a cluster's nodes are connected
+    /// when the store is built. Bounded by the connect timeout. For benchmarks, which time
+    /// calls, not connects: it is not a lasting guarantee, as the pool still retires a
+    /// connection idle for 10 minutes or open for 30, and connects again on demand.
+    ///
+    /// # Errors
+    /// A connect or `PING` that fails, classified as a call's error is (a refused connect
+    /// fails this at once; a wrong password is not an outage), and `Unavailable` (timed out)
+    /// if it is not done within the connect timeout.
     pub async fn connect_all(&self) -> Result<(), StoreError> {
         self.inner
             .conn

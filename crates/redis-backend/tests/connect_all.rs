@@ -119,3 +119,34 @@ async fn connections_the_server_closed_are_replaced() {
     store.acquire(&key, &policy(), 1).await.unwrap();
     assert_eq!(clients(&server), after, "the call used the new connections");
 }
+
+/// On a store built lazily ([`build_lazy`](tollgate_redis::RedisStoreBuilder::build_lazy)),
+/// whose multiplexed connection connects on its first call, `connect_all` makes it. Before,
+/// it returned `Ok` and made nothing (0 connections after it), and returned `Ok` for a server
+/// that was not there: only `build` connects the multiplexed connection, as its rustdoc
+/// assumed.
+#[tokio::test]
+async fn a_lazily_built_multiplexed_store_connects() {
+    let server = Server::start();
+    let store = RedisStore::builder(server.url())
+        .connect_timeout(CONNECT_TIMEOUT)
+        .multiplexed()
+        .build_lazy()
+        .await
+        .unwrap();
+    assert!(clients(&server).is_empty(), "lazy: nothing connected yet");
+    timed_connect_all(&store).await.0.unwrap();
+    assert_eq!(clients(&server).len(), 1, "the multiplexed connection");
+
+    let port = server.port();
+    drop(server);
+    let gone = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(CONNECT_TIMEOUT)
+        .multiplexed()
+        .build_lazy()
+        .await
+        .unwrap();
+    let (out, _) = timed_connect_all(&gone).await;
+    let err = out.expect_err("no server on the port");
+    assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+}
