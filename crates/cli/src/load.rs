@@ -136,7 +136,12 @@ pub(crate) struct LoadArgs {
     /// service: a connection is made only when a call finds none idle, so on one runtime
     /// thread a pool of any size keeps the one connection it starts with, and on more threads
     /// it grows as contention asks, its connects inside the timed run (~1 ms at 64 tasks).
-    #[arg(long, requires = "redis", conflicts_with = "multiplexed")]
+    /// Not with `--multiplexed`, `--ping`, `--bare-script` or `--eval-file`, which use no pool.
+    #[arg(
+        long,
+        requires = "redis",
+        conflicts_with_all = ["multiplexed", "ping", "bare_script", "eval_file"]
+    )]
     connect_all: bool,
     /// What each instance does when the store cannot answer. The summary counts decisions by
     /// enforcement (`shared`, `degraded`, `bypassed`) and refusals as `unavailable`, overall

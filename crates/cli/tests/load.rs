@@ -395,6 +395,38 @@ fn the_comparison_is_refused_where_the_run_is_other_work() {
     }
 }
 
+/// `--connect-all` makes the store's pool's connections: the probes (`--ping`,
+/// `--bare-script`, `--eval-file`) use one multiplexed connection of their own and no store,
+/// and the flag was accepted with them and did nothing (exit 0, a pool never made). Refused
+/// before anything connects, as with `--multiplexed`.
+#[test]
+fn connect_all_is_refused_where_the_run_uses_no_pool() {
+    for extra in [
+        &["--multiplexed"][..],
+        &["--ping"][..],
+        &["--bare-script"][..],
+        &["--eval-file", "floor.lua"][..],
+    ] {
+        let mut args = vec![
+            "--policy",
+            "token-bucket:capacity=10,rate=2",
+            "--requests",
+            "10",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--connect-all",
+        ];
+        args.extend_from_slice(extra);
+        let out = load(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(
+            stderr.contains("--connect-all") && stderr.contains("cannot be used"),
+            "{extra:?}: {stderr}"
+        );
+    }
+}
+
 /// `--compare-redis-benchmark` reaches the server as the load did: a percent-encoded password
 /// (`p%40ss` for `p@ss`) was sent to AUTH undecoded (WRONGPASS), and the URL's database was
 /// dropped, so the ceiling wrote its keys into database 0.
