@@ -413,9 +413,9 @@ pub(crate) struct Summary {
     /// (withheld, see `rate_withheld`) when any decision was `degraded` or `bypassed`.
     decisions_per_sec: Option<f64>,
     /// Why `decisions_per_sec` is `null`: decisions the store did not make (local fallback,
-    /// fail-open) took part in the run. They are fast and local, and the calls that fell back
-    /// waited out their deadline first, so no rate over the run measures the store; the
-    /// counts by enforcement and the timeline show what happened.
+    /// fail-open) took part in the run. They are local: nanoseconds once the breaker has
+    /// opened, a deadline or a failed connect first before that; so no rate over the run
+    /// measures the store. The counts by enforcement and the timeline show what happened.
     #[serde(skip_serializing_if = "Option::is_none")]
     rate_withheld: Option<String>,
     /// Keys decided per call (`--batch`); latency is per call.
@@ -623,8 +623,9 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
                     let t1 = Instant::now();
                     let took = t1.duration_since(t0).as_nanos().max(1) as u64;
                     slowest = slowest.max(took);
-                    // only the store's decisions: a fallen-back call's time is its deadline
-                    // and a local decision's, not the store's
+                    // only the store's decisions: a fallen-back call's time is a local
+                    // decision's (after a deadline or a failed connect, until the breaker
+                    // opens), not the store's
                     if let Ok(t) = &result
                         && t.degraded + t.bypassed + t.errors == 0
                     {
