@@ -508,6 +508,11 @@ fn serve_exits_within_its_grace_after_sigterm_whatever_a_client_holds_open() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    assert_eq!(
+        unread_by_server(client, server),
+        Some(0),
+        "serve did not read the partial request within 1,000 polls"
+    );
     let killed = Command::new("kill")
         .args(["-TERM", &serve.child.id().to_string()])
         .status()

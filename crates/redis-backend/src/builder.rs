@@ -26,10 +26,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Connections in the pool a store uses unless [`RedisStoreBuilder::multiplexed`] or
 /// [`RedisStoreBuilder::pool`] says otherwise. A pool is the default because it was the faster
-/// in the side-by-side runs of `benches/scripts/redis-compare.sh`: ahead of one multiplexed
-/// connection with 16 concurrent callers in most runs, level with 64. Larger pools gained
-/// little (their lead over 4 stayed within the host's spread), and 4 keeps the fewest
-/// connections per process for the same throughput. BENCHMARKS.md has the figures (goal 7).
+/// in the side-by-side runs of `benches/scripts/redis-compare.sh`: with 16 concurrent callers
+/// a pool of 4, connecting on demand, made 1.39 × (one runtime thread) and 1.56 × (two) the
+/// decisions of one multiplexed connection; with 64 they were within the rounds' spread.
+/// Larger pools gained nothing reliable, and a pool with every connection in use
+/// ([`RedisStore::connect_all`](crate::RedisStore::connect_all)) was slower than one on
+/// demand. BENCHMARKS.md has the figures (goal 7).
 pub const DEFAULT_POOL_SIZE: u32 = 4;
 
 /// The longest key prefix accepted, in bytes.
@@ -349,9 +351,12 @@ impl RedisStoreBuilder {
     }
 
     /// Uses a bb8 pool of up to `size` multiplexed connections (at least 1; the default is a
-    /// pool of [`DEFAULT_POOL_SIZE`]). Calls take the connections in turn and share them (a
-    /// call holds none while it waits for its reply), so a pool spreads load over `size`
-    /// sockets without ever queueing a call behind another. Only for a single server.
+    /// pool of [`DEFAULT_POOL_SIZE`]). A call takes an idle connection and gives it back at
+    /// once (it holds none while it waits for its reply, so no call queues behind another);
+    /// a connection is made only when a call finds none idle. So the pool grows as calls
+    /// contend, up to `size`: on one runtime thread it keeps the one connection it starts
+    /// with. [`RedisStore::connect_all`](crate::RedisStore::connect_all) makes them all at
+    /// once. Only for a single server.
     pub fn pool(mut self, size: u32) -> Self {
         self.kind = Kind::Pool(size.max(1));
         self
