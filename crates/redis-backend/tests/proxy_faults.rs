@@ -366,9 +366,17 @@ async fn a_slow_primary_keeps_its_connection() {
         let before = proxy.stats().accepted;
         proxy.set_latency(Duration::from_millis(30));
         let mut timed_out = 0;
+        // A call answered before a 60 ms round trip could be would mean the latency was not
+        // there. One answered later than its deadline is the runtime polling it late (a
+        // starved CI runner: tokio's timeout polls the call before its timer, so a reply that
+        // arrived meanwhile wins; 2 of 20 under two CPU burners), not a fast answer.
+        let mut fast = Vec::new();
         for i in 0..20 {
-            if store.acquire(&key(i), &policy(), 1).await.is_err() {
-                timed_out += 1;
+            let sent = std::time::Instant::now();
+            match store.acquire(&key(i), &policy(), 1).await {
+                Err(_) => timed_out += 1,
+                Ok(_) if sent.elapsed() < Duration::from_millis(60) => fast.push(sent.elapsed()),
+                Ok(_) => {}
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -379,9 +387,10 @@ async fn a_slow_primary_keeps_its_connection() {
         eprintln!(
             "slow primary ({kind}): {timed_out} of 20 calls timed out, {made} new connections"
         );
-        assert_eq!(
-            timed_out, 20,
-            "{kind}: a 60 ms round trip misses a 40 ms deadline"
+        assert!(
+            fast.is_empty() && timed_out >= 15,
+            "{kind}: a 60 ms round trip misses a 40 ms deadline: {timed_out} of 20 timed out, \
+             answered sooner than 60 ms: {fast:?}"
         );
         assert_eq!(made, 0, "{kind}: a slow connection is kept");
         recovers(kind, &store).await;
