@@ -368,12 +368,56 @@ impl<'a> Invocation<'a> {
     pub(crate) fn cmd(&self, call: Call) -> redis::Cmd {
         let key_len = self.key.prefix.len() + self.key.key.len() + 2;
         let mut cmd = redis::Cmd::with_capacity(5, 64 + key_len + self.args.len);
+        self.write(&mut cmd, call);
+        cmd
+    }
+
+    /// The `EVALSHA` command of a single call, built in the buffers of one that an earlier
+    /// call on this thread gave back ([`SpareCmd`]), so that a decision does not allocate
+    /// them afresh.
+    pub(crate) fn evalsha(&self) -> SpareCmd {
+        let mut cmd = SPARE
+            .take()
+            .unwrap_or_else(|| redis::Cmd::with_capacity(5, 128));
+        cmd.clear();
+        self.write(&mut cmd, Call::EvalSha);
+        SpareCmd(Some(cmd))
+    }
+
+    fn write(&self, cmd: &mut redis::Cmd, call: Call) {
         match call {
             Call::EvalSha => cmd.arg("EVALSHA").arg(self.script.sha.as_str()),
             Call::Eval => cmd.arg("EVAL").arg(self.script.source),
         };
         cmd.arg(1).arg(self.key).arg(self.args);
-        cmd
+    }
+}
+
+thread_local! {
+    /// One `EVALSHA` command's buffers per thread, kept between calls ([`Invocation::evalsha`]).
+    static SPARE: std::cell::Cell<Option<redis::Cmd>> = const { std::cell::Cell::new(None) };
+}
+
+/// A command whose buffers go back to this thread's spare slot when it is dropped (the thread
+/// that drops it, which on a multi-thread runtime may be another than the one that built it;
+/// each thread holds at most one, of the size of the longest `EVALSHA` it built: the prefix, a
+/// [`tollgate_core::Key`] of at most ~1 KiB encoded, and ~160 bytes).
+pub(crate) struct SpareCmd(Option<redis::Cmd>);
+
+impl std::ops::Deref for SpareCmd {
+    type Target = redis::Cmd;
+
+    fn deref(&self) -> &redis::Cmd {
+        self.0.as_ref().expect("a command until dropped")
+    }
+}
+
+impl Drop for SpareCmd {
+    fn drop(&mut self) {
+        if let Some(cmd) = self.0.take() {
+            // `try_with`: a command dropped while the thread's locals are torn down is freed.
+            let _ = SPARE.try_with(|spare| spare.set(Some(cmd)));
+        }
     }
 }
 

@@ -217,7 +217,7 @@ impl RedisStore {
         policy.check_cost(cost)?;
         let inv = Invocation::new(&self.inner.prefix, key.as_str(), policy, cost, commit)?;
         self.deadline(async {
-            let reply = match self.inner.conn.command(&inv.cmd(Call::EvalSha)).await {
+            let reply = match self.inner.conn.command(&inv.evalsha()).await {
                 Err(e) if is_noscript(&e) => self.inner.conn.command(&inv.cmd(Call::Eval)).await,
                 other => other,
             };
