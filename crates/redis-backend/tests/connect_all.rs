@@ -1,5 +1,6 @@
 //! `RedisStore::connect_all` on a pool: every connection made and answering, a refused
-//! connect reported at once, and connections the server closed replaced rather than reported.
+//! connect reported at once, and connections the server closed replaced rather than reported;
+//! on a store built lazily (multiplexed, Sentinel): its connection made, or an outage reported.
 
 mod common;
 
@@ -149,4 +150,59 @@ async fn a_lazily_built_multiplexed_store_connects() {
     let (out, _) = timed_connect_all(&gone).await;
     let err = out.expect_err("no server on the port");
     assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+}
+
+/// The clients connected to `port` that are neither the one asking nor a sentinel's (each
+/// sentinel names its connections `sentinel-<id>-cmd` / `-pubsub`) nor a replica's.
+fn store_clients_on(port: u16) -> usize {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let me: i64 = redis::cmd("CLIENT").arg("ID").query(&mut conn).unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut conn)
+        .unwrap();
+    list.lines()
+        .filter(|line| !line.starts_with(&format!("id={me} ")))
+        .filter(|line| {
+            !line
+                .split(' ')
+                .any(|field| field.starts_with("name=sentinel-"))
+        })
+        .count()
+}
+
+/// A Sentinel store built lazily asks the sentinels for the primary and connects to it in
+/// `connect_all`, as a multiplexed one does; before `connect_all` nothing is connected to the
+/// primary but the sentinels. With every sentinel gone, `connect_all` fails as unavailable
+/// within its bound instead of returning `Ok`.
+#[tokio::test]
+async fn a_lazily_built_sentinel_store_connects_to_the_primary() {
+    let mut topology = tollgate_testkit::sentinel::SentinelCluster::start("connect-all");
+    let primary = topology.primary_port();
+    let lazy = || {
+        RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build_lazy()
+    };
+    let store = lazy().await.unwrap();
+    assert_eq!(store_clients_on(primary), 0, "lazy: nothing connected yet");
+    timed_connect_all(&store).await.0.unwrap();
+    assert!(
+        store_clients_on(primary) >= 1,
+        "connect_all connected to the primary"
+    );
+    let key = Key::new("connect-all", ["sentinel"]).unwrap();
+    assert!(store.acquire(&key, &policy(), 1).await.unwrap().allowed);
+
+    let gone = lazy().await.unwrap();
+    for i in 0..topology.sentinels().len() {
+        topology.sentinel_mut(i).kill();
+    }
+    let (out, took) = timed_connect_all(&gone).await;
+    let err = out.expect_err("no sentinel answers");
+    assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
+    assert!(took <= CONNECT_TIMEOUT + Duration::from_secs(1), "{took:?}");
 }
