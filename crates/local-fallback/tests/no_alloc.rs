@@ -1,42 +1,14 @@
 //! The hot path allocates nothing: a token bucket or fixed window already held is decided
 //! without touching the allocator.
 
-// A counting global allocator needs `unsafe impl GlobalAlloc`; it only forwards to `System`.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::Duration;
 
 use tollgate_core::{Key, ManualClock, Policy, Rate};
 use tollgate_local::LocalStore;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same layout contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use tollgate_testkit::alloc::{Counting, allocations};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
 
 #[test]
 fn deciding_on_a_held_key_does_not_allocate() {

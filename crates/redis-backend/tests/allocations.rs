@@ -2,45 +2,16 @@
 //! real redis-server: the allocations the store itself makes per call are pinned, so that a
 //! change which adds one (a `format!`, a `String`, a fresh buffer per call) fails here.
 
-// A counting global allocator needs `unsafe impl GlobalAlloc`; it only forwards to `System`.
-#![allow(unsafe_code)]
-
 mod common;
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 
 use common::Server;
 use redis::aio::ConnectionLike as _;
 use tollgate_core::{Key, Policy, Rate, Store};
 use tollgate_redis::{RedisStore, scripts};
-
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same layout contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use tollgate_testkit::alloc::{Counting, allocations};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
 
 /// Allocations per call of `call`, over `calls` calls after as many unrecorded ones.
 async fn per_call(calls: u64, mut call: impl AsyncFnMut(u64)) -> f64 {

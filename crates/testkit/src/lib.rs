@@ -4,6 +4,7 @@
 //!
 //! Nothing here mocks Redis: every backend test talks to a real server.
 
+pub mod alloc;
 pub mod busy;
 pub mod clock;
 pub mod cluster;
