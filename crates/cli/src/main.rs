@@ -102,37 +102,29 @@ pub(crate) fn deadline(text: &str) -> Result<Duration, String> {
 impl StoreArgs {
     /// A fresh store handle: each call is a separate "instance" with its own connections.
     pub(crate) async fn connect(&self) -> Result<Arc<dyn Store>> {
-        match &self.redis {
-            None => Ok(Arc::new(LocalStore::new())),
-            Some(url) => {
-                let store = self
-                    .redis_builder(url)
-                    .build()
-                    .await
-                    .with_context(|| format!("connecting to {}", redact_url(url)))?;
-                Ok(Arc::new(store))
-            }
-        }
+        self.open(false).await
     }
 
     /// As [`StoreArgs::connect`], with every connection of the store made now (all of a
     /// pool's, each answering a `PING`): a load run times decisions, not connects.
     pub(crate) async fn connect_all(&self) -> Result<Arc<dyn Store>> {
-        match &self.redis {
-            None => self.connect().await,
-            Some(url) => {
-                let store = self
-                    .redis_builder(url)
-                    .build()
-                    .await
-                    .with_context(|| format!("connecting to {}", redact_url(url)))?;
-                store
-                    .connect_all()
-                    .await
-                    .with_context(|| format!("connecting to {}", redact_url(url)))?;
-                Ok(Arc::new(store))
-            }
+        self.open(true).await
+    }
+
+    async fn open(&self, connect_all: bool) -> Result<Arc<dyn Store>> {
+        let Some(url) = &self.redis else {
+            return Ok(Arc::new(LocalStore::new()));
+        };
+        let connecting = || format!("connecting to {}", redact_url(url));
+        let store = self
+            .redis_builder(url)
+            .build()
+            .await
+            .with_context(connecting)?;
+        if connect_all {
+            store.connect_all().await.with_context(connecting)?;
         }
+        Ok(Arc::new(store))
     }
 
     /// As [`StoreArgs::connect`], for a long-running server: a Redis that cannot be reached

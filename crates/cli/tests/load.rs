@@ -8,6 +8,17 @@ use std::time::Duration;
 
 use tollgate_testkit::server::RedisServer;
 
+/// The JSON summary a `tollgate load --json` run printed, once it has ended successfully.
+fn summary_of(child: std::process::Child, mode: &str) -> serde_json::Value {
+    let out = child.wait_with_output().expect("the run ends");
+    assert!(
+        out.status.success(),
+        "{mode}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
 /// Runs one load of 7 s against a server killed 1.2 s after the start and restarted 2 s later
 /// (so one whole second of the timeline lies inside the outage); returns the JSON summary.
 fn run_through_an_outage(mode: &str) -> serde_json::Value {
@@ -39,13 +50,7 @@ fn run_through_an_outage(mode: &str) -> serde_json::Value {
     server.kill();
     thread::sleep(Duration::from_millis(2000));
     server.restart();
-    let out = child.wait_with_output().expect("the run ends");
-    assert!(
-        out.status.success(),
-        "{mode}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+    summary_of(child, mode)
 }
 
 #[test]
@@ -155,13 +160,7 @@ fn run_into_an_outage(mode: &str) -> serde_json::Value {
         thread::sleep(Duration::from_millis(10));
     }
     server.kill();
-    let out = child.wait_with_output().expect("the run ends");
-    assert!(
-        out.status.success(),
-        "{mode}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+    summary_of(child, mode)
 }
 
 /// Decisions the store did not make are not in the rate or the latency. Under `--fail-mode

@@ -11,9 +11,10 @@ use common::Server;
 use tollgate_core::{ErrorClass, Key, Policy, Rate, Store};
 use tollgate_redis::RedisStore;
 
-/// The ids of the server's normal clients but the one asking.
-fn clients(server: &Server) -> BTreeSet<i64> {
-    let mut conn = server.conn();
+/// The `CLIENT LIST TYPE normal` lines of the server on `port`, but the one asking's.
+fn normal_clients(port: u16) -> Vec<String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut conn = client.get_connection().unwrap();
     let me: i64 = redis::cmd("CLIENT").arg("ID").query(&mut conn).unwrap();
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
@@ -21,9 +22,18 @@ fn clients(server: &Server) -> BTreeSet<i64> {
         .arg("normal")
         .query(&mut conn)
         .unwrap();
+    let mine = format!("id={me} ");
     list.lines()
+        .filter(|line| !line.starts_with(&mine))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The ids of the server's normal clients but the one asking.
+fn clients(server: &Server) -> BTreeSet<i64> {
+    normal_clients(server.port())
+        .iter()
         .filter_map(|line| line.strip_prefix("id=")?.split(' ').next()?.parse().ok())
-        .filter(|id| *id != me)
         .collect()
 }
 
@@ -152,20 +162,11 @@ async fn a_lazily_built_multiplexed_store_connects() {
     assert_eq!(err.class(), ErrorClass::Unavailable, "{err:?}");
 }
 
-/// The clients connected to `port` that are neither the one asking nor a sentinel's (each
-/// sentinel names its connections `sentinel-<id>-cmd` / `-pubsub`) nor a replica's.
+/// The normal clients connected to `port` but the one asking and the sentinels' (each
+/// sentinel names its connections `sentinel-<id>-cmd`); a replica's link is not `normal`.
 fn store_clients_on(port: u16) -> usize {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let me: i64 = redis::cmd("CLIENT").arg("ID").query(&mut conn).unwrap();
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .arg("TYPE")
-        .arg("normal")
-        .query(&mut conn)
-        .unwrap();
-    list.lines()
-        .filter(|line| !line.starts_with(&format!("id={me} ")))
+    normal_clients(port)
+        .iter()
         .filter(|line| {
             !line
                 .split(' ')

@@ -117,14 +117,7 @@ async fn pooled_store_survives_the_servers_idle_client_timeout() {
         .await
         .unwrap();
     store.acquire(&key(0), &policy(), 1).await.unwrap();
-    let before = tokio::task::block_in_place(|| clients_of(&server, "normal"));
-    assert!(!before.is_empty());
-    server.clock().advance(Duration::from_secs(10));
-    let closed = wait_for_clients(&server, |ids| !ids.iter().any(|id| before.contains(id))).await;
-    assert!(
-        closed,
-        "the server did not close the idle connections {before:?}"
-    );
+    idle_out(&server).await;
     let out = store.acquire(&key(0), &policy(), 1).await;
     assert!(out.is_ok(), "pool after the server's idle timeout: {out:?}");
 }
@@ -208,6 +201,19 @@ async fn wait_for_clients(server: &RedisServer, done: impl Fn(&[i64]) -> bool) -
     .await
 }
 
+/// Moves `server`'s clock past its idle `timeout` (10 s) and waits until it has closed every
+/// normal connection open before (its idle check runs on its clock).
+async fn idle_out(server: &RedisServer) {
+    let before = tokio::task::block_in_place(|| clients_of(server, "normal"));
+    assert!(!before.is_empty());
+    server.clock().advance(Duration::from_secs(10));
+    let closed = wait_for_clients(server, |ids| !ids.iter().any(|id| before.contains(id))).await;
+    assert!(
+        closed,
+        "the server did not close the idle connections {before:?}"
+    );
+}
+
 /// One registry call of each kind, each the first after the server closed every normal
 /// connection (`CLIENT KILL TYPE normal`) while the registry was idle: the failures among them.
 /// The idle time after each close lasts until the registry has a new connection, or 1 s when
@@ -262,14 +268,7 @@ async fn registry_survives_the_servers_idle_client_timeout() {
         .start();
     let reg = registry(&server.url()).await;
     reg.publish("api", &policy()).await.unwrap();
-    let before = tokio::task::block_in_place(|| clients_of(&server, "normal"));
-    assert!(!before.is_empty());
-    server.clock().advance(Duration::from_secs(10));
-    let closed = wait_for_clients(&server, |ids| !ids.iter().any(|id| before.contains(id))).await;
-    assert!(
-        closed,
-        "the server did not close the idle connections {before:?}"
-    );
+    idle_out(&server).await;
     let out = reg.get("api").await;
     assert!(
         matches!(out, Ok(Some(_))),
