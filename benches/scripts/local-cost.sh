@@ -12,6 +12,13 @@
 # the `map_floor` example gives what the map alone costs (a `get_mut` and a write per call, same
 # keys and hasher) with governor's 24-byte entries, LocalStore's 32-byte ones (a `Key` and its
 # 16-byte bucket, since `94c0b59`), and the 48-byte ones it had before.
+#
+# Count `allow_resident` and `deny`, not `allow` over many keys: LocalStore's periodic sweep is
+# gated by its real clock (`SWEEP_GAP_MS`, 100 ms), and at valgrind's ~50 x slowdown nearly
+# every pass over 100,000 keys whose buckets expire between visits (`allow`) is swept and
+# re-inserted, where a native run sweeps once per ~11 passes (at 3d1144b: 823.9 instructions
+# and 2.93 L2 misses per call against governor's 407.1 and 2.08, a 2.02 x that the timed bench's
+# 1.06 x does not show).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CALLS=${1:-1000000}
