@@ -8,6 +8,34 @@ use std::time::Duration;
 
 use tollgate_testkit::server::RedisServer;
 
+/// `tollgate load --json` against `server` for `duration`: a token bucket that admits
+/// everything, 2 tasks on 100 keys, 100 ms deadlines, `--fail-mode mode`.
+fn spawn_load(server: &RedisServer, mode: &str, duration: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "load",
+            "--redis",
+            &server.url(),
+            "--policy",
+            "token-bucket:capacity=1000000,rate=1000000",
+            "--tasks",
+            "2",
+            "--keys",
+            "100",
+            "--duration",
+            duration,
+            "--timeout",
+            "100ms",
+            "--fail-mode",
+            mode,
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tollgate binary runs")
+}
+
 /// The JSON summary a `tollgate load --json` run printed, once it has ended successfully.
 fn summary_of(child: std::process::Child, mode: &str) -> serde_json::Value {
     let out = child.wait_with_output().expect("the run ends");
@@ -23,29 +51,7 @@ fn summary_of(child: std::process::Child, mode: &str) -> serde_json::Value {
 /// (so one whole second of the timeline lies inside the outage); returns the JSON summary.
 fn run_through_an_outage(mode: &str) -> serde_json::Value {
     let mut server = RedisServer::start();
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "load",
-            "--redis",
-            &server.url(),
-            "--policy",
-            "token-bucket:capacity=1000000,rate=1000000",
-            "--tasks",
-            "2",
-            "--keys",
-            "100",
-            "--duration",
-            "7s",
-            "--timeout",
-            "100ms",
-            "--fail-mode",
-            mode,
-            "--json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the tollgate binary runs");
+    let child = spawn_load(&server, mode, "7s");
     thread::sleep(Duration::from_millis(1200));
     server.kill();
     thread::sleep(Duration::from_millis(2000));
@@ -118,29 +124,7 @@ fn an_outage_shows_in_the_counts_and_the_timeline_for_every_mode() {
 /// JSON summary.
 fn run_into_an_outage(mode: &str) -> serde_json::Value {
     let mut server = RedisServer::start();
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "load",
-            "--redis",
-            &server.url(),
-            "--policy",
-            "token-bucket:capacity=1000000,rate=1000000",
-            "--tasks",
-            "2",
-            "--keys",
-            "100",
-            "--duration",
-            "3s",
-            "--timeout",
-            "100ms",
-            "--fail-mode",
-            mode,
-            "--json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the tollgate binary runs");
+    let child = spawn_load(&server, mode, "3s");
     let mut conn = server.client().get_connection().expect("connect");
     let until = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -373,7 +357,16 @@ fn out_of_range_duration_and_batch_are_clear_errors() {
 /// another, and the ratio was printed all the same. Refused before anything connects.
 #[test]
 fn the_comparison_is_refused_where_the_run_is_other_work() {
-    for extra in [&["--ping"][..], &["--deny-cache", "100"][..]] {
+    refused_with(
+        "--compare-redis-benchmark",
+        &[&["--ping"], &["--deny-cache", "100"]],
+    );
+}
+
+/// `flag` beside each of `others` is a usage error (exit 2) naming `flag`, before anything
+/// connects (the URL's port has no server).
+fn refused_with(flag: &str, others: &[&[&str]]) {
+    for extra in others {
         let mut args = vec![
             "--policy",
             "token-bucket:capacity=10,rate=2",
@@ -381,14 +374,14 @@ fn the_comparison_is_refused_where_the_run_is_other_work() {
             "10",
             "--redis",
             "redis://127.0.0.1:1",
-            "--compare-redis-benchmark",
+            flag,
         ];
         args.extend_from_slice(extra);
         let out = load(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
         assert!(
-            stderr.contains("--compare-redis-benchmark") && stderr.contains("cannot be used"),
+            stderr.contains(flag) && stderr.contains("cannot be used"),
             "{extra:?}: {stderr}"
         );
     }
@@ -400,30 +393,15 @@ fn the_comparison_is_refused_where_the_run_is_other_work() {
 /// before anything connects, as with `--multiplexed`.
 #[test]
 fn connect_all_is_refused_where_the_run_uses_no_pool() {
-    for extra in [
-        &["--multiplexed"][..],
-        &["--ping"][..],
-        &["--bare-script"][..],
-        &["--eval-file", "floor.lua"][..],
-    ] {
-        let mut args = vec![
-            "--policy",
-            "token-bucket:capacity=10,rate=2",
-            "--requests",
-            "10",
-            "--redis",
-            "redis://127.0.0.1:1",
-            "--connect-all",
-        ];
-        args.extend_from_slice(extra);
-        let out = load(&args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
-        assert!(
-            stderr.contains("--connect-all") && stderr.contains("cannot be used"),
-            "{extra:?}: {stderr}"
-        );
-    }
+    refused_with(
+        "--connect-all",
+        &[
+            &["--multiplexed"],
+            &["--ping"],
+            &["--bare-script"],
+            &["--eval-file", "floor.lua"],
+        ],
+    );
 }
 
 /// `--compare-redis-benchmark` reaches the server as the load did: a percent-encoded password
