@@ -14,3 +14,4 @@ pub mod proxy;
 pub mod sentinel;
 pub mod server;
 pub mod tls;
+pub mod wait;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Commands, ErrorKind, ServerErrorKind};
 use tollgate_testkit::cluster::RedisCluster;
+use tollgate_testkit::wait::holds_within;
 
 fn connect(cluster: &RedisCluster, index: usize) -> redis::Connection {
     let conn = cluster.nodes()[index]
@@ -193,19 +194,16 @@ fn slot_migration_under_load_loses_no_writes_for_a_cluster_client() {
     // The load has written every key before the migration starts (polled, bounded; a fixed
     // 100 ms before).
     let mut source = connect(&cluster, from);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let written: usize = redis::cmd("DBSIZE").query(&mut source).expect("DBSIZE");
-        if written >= keys.len() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the load wrote {written} of {} keys within 5 s",
-            keys.len()
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
+    let written = |source: &mut redis::Connection| -> usize {
+        redis::cmd("DBSIZE").query(source).expect("DBSIZE")
+    };
+    assert!(
+        holds_within(Duration::from_secs(5), || written(&mut source)
+            >= keys.len()),
+        "the load wrote {} of {} keys within 5 s",
+        written(&mut source),
+        keys.len()
+    );
     let migration = cluster.begin_slot_migration(slot, from, to, 5);
     // Hold the ASK window until the load has been redirected (bounded).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -226,14 +224,11 @@ fn slot_migration_under_load_loses_no_writes_for_a_cluster_client() {
             .sum()
     };
     let at_finish = counted(&mut target);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while counted(&mut target) < at_finish + 50 {
-        assert!(
-            Instant::now() < deadline,
-            "the load made no 50 INCRs on the new owner within 5 s of the migration"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        holds_within(Duration::from_secs(5), || counted(&mut target)
+            >= at_finish + 50),
+        "the load made no 50 INCRs on the new owner within 5 s of the migration"
+    );
     stop.store(true, Ordering::SeqCst);
     let (ok, errors) = load.join().expect("load thread");
 

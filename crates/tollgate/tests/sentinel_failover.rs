@@ -19,6 +19,7 @@ use tollgate::{
     Acquire, Enforcement, Error, ErrorClass, FailureMode, Key, Limiter, Policy, Rate, Store,
 };
 use tollgate_testkit::sentinel::SentinelCluster;
+use tollgate_testkit::wait::eventually;
 
 const DEADLINE: Duration = Duration::from_millis(150);
 /// A call may take its deadline plus scheduling slack on a loaded 2-core machine, never more.
@@ -121,17 +122,15 @@ fn shared_since(log: &Log, since: Instant) -> usize {
         .count()
 }
 
-/// Polls (every 20 ms, at most `bound`) until every log holds `n` shared answers since `since`.
+/// Polls ([`eventually`]) until every log holds `n` shared answers since `since`, for at most
+/// `bound`.
 async fn until_shared_answers(logs: &[&Log], since: Instant, n: usize, bound: Duration) {
-    let started = Instant::now();
-    while logs.iter().any(|log| shared_since(log, since) < n) {
-        let counts: Vec<usize> = logs.iter().map(|log| shared_since(log, since)).collect();
-        assert!(
-            started.elapsed() < bound,
-            "not {n} shared answers per limiter within {bound:?}: {counts:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let counts = || -> Vec<usize> { logs.iter().map(|log| shared_since(log, since)).collect() };
+    assert!(
+        eventually(bound, || counts().iter().all(|&c| c >= n)).await,
+        "not {n} shared answers per limiter within {bound:?}: {:?}",
+        counts()
+    );
 }
 
 fn state_key(group: &str, i: u64) -> Key {

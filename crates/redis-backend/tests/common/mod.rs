@@ -3,10 +3,12 @@
 //! for a condition ([`until`], [`eventually`]) that every test here polls with.
 #![allow(dead_code, clippy::missing_panics_doc)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tollgate_redis::RedisStore;
 use tollgate_testkit::server::RedisServer;
+#[allow(unused_imports)] // each test binary uses its own part
+pub use tollgate_testkit::wait::{eventually, until};
 
 /// A redis-server on a free loopback port, killed on drop.
 pub struct Server(pub RedisServer);
@@ -67,50 +69,4 @@ impl Server {
         let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut self.conn()).unwrap();
         s * 1_000_000 + us
     }
-}
-
-/// How often [`until`] and [`eventually`] check their condition.
-pub const POLL_EVERY: Duration = Duration::from_millis(20);
-
-/// The most checks a wait of `bound` makes: one every [`POLL_EVERY`], and one more at the end.
-fn checks(bound: Duration) -> u128 {
-    bound.as_millis() / POLL_EVERY.as_millis() + 1
-}
-
-/// Checks `condition` every [`POLL_EVERY`] until it holds, for at most `bound` (and at most
-/// `bound / POLL_EVERY + 1` checks), sleeping the thread in between.
-///
-/// # Panics
-/// With `"{what}: not within {bound:?}"` if it does not hold within `bound` (reported at the
-/// caller).
-#[track_caller]
-pub fn until(bound: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + bound;
-    for _ in 0..checks(bound) {
-        if condition() {
-            return;
-        }
-        if Instant::now() >= deadline {
-            break;
-        }
-        std::thread::sleep(POLL_EVERY);
-    }
-    assert!(condition(), "{what}: not within {bound:?}");
-}
-
-/// [`until`] for async tests whose failure message shows more than a name: sleeps on the
-/// runtime between checks (so its tasks, such as a store's sentinel watches, run meanwhile)
-/// and returns whether `condition` held within `bound` instead of panicking.
-pub async fn eventually(bound: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + bound;
-    for _ in 0..checks(bound) {
-        if condition() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
-    condition()
 }
