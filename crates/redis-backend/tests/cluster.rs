@@ -15,6 +15,7 @@ use tollgate_testkit::clock::ServerClock;
 use tollgate_testkit::cluster::RedisCluster;
 use tollgate_testkit::conformance::{self, Harness};
 use tollgate_testkit::server::RedisServer;
+use tollgate_testkit::wait::{eventually, holds_within};
 
 // Outside the conformance suite the cluster runs on the real clock, and fixed windows are
 // aligned to the epoch (`floor(now / window)`): an hour's window restarts at the top of the
@@ -391,21 +392,15 @@ fn keys_in_one_slot(store: &RedisStore, policy: &Policy, ns: &str, n: usize) -> 
 /// after the migration.
 const ASK_WINDOW_BOUND: Duration = Duration::from_secs(10);
 
-/// Polls (every 10 ms, at most [`ASK_WINDOW_BOUND`]) until node `from` has answered `ASK` `want`
-/// times in all.
+/// Polls ([`holds_within`], at most [`ASK_WINDOW_BOUND`]) until node `from` has answered `ASK`
+/// `want` times in all.
 fn until_asks(cluster: &RedisCluster, from: usize, want: u64) {
-    let deadline = std::time::Instant::now() + ASK_WINDOW_BOUND;
-    loop {
-        let asks = error_count(&cluster.nodes()[from], "ASK");
-        if asks >= want {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "node {from} answered ASK {asks} times within {ASK_WINDOW_BOUND:?}, not {want}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let asks = || error_count(&cluster.nodes()[from], "ASK");
+    assert!(
+        holds_within(ASK_WINDOW_BOUND, || asks() >= want),
+        "node {from} answered ASK {} times within {ASK_WINDOW_BOUND:?}, not {want}",
+        asks()
+    );
 }
 
 /// `errorstat_<code>` from a node's `INFO errorstats` (Redis 7 counts redirections there).
@@ -482,15 +477,13 @@ async fn a_slot_migration_under_load_surfaces_no_error_and_keeps_the_quota() {
     });
     // The load goes on after the migration (a fixed 300 ms before): 200 more calls, bounded.
     let calls_at_finish = calls.load(Ordering::Relaxed);
-    let deadline = std::time::Instant::now() + ASK_WINDOW_BOUND;
-    while calls.load(Ordering::Relaxed) < calls_at_finish + 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} calls within {ASK_WINDOW_BOUND:?} after the migration, not 200",
-            calls.load(Ordering::Relaxed) - calls_at_finish
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert!(
+        eventually(ASK_WINDOW_BOUND, || calls.load(Ordering::Relaxed)
+            >= calls_at_finish + 200)
+        .await,
+        "{} calls within {ASK_WINDOW_BOUND:?} after the migration, not 200",
+        calls.load(Ordering::Relaxed) - calls_at_finish
+    );
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
