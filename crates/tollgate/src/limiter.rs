@@ -199,7 +199,9 @@ impl LimiterBuilder {
     /// buckets (a Redis restarted without persistence, a failover dropping unreplicated
     /// writes, `FLUSHDB`, eviction): the cache denies as if the lost bucket were still there,
     /// until the cached deadline at the latest. A cached answer's `remaining` is that of the
-    /// denial it repeats: a lower bound of the store's by then.
+    /// denial it repeats: the store may hold more by then (a refill) or less (other instances
+    /// consumed). Each cached answer counts in the `tollgate_deny_cache_answers_total`
+    /// metric.
     pub fn deny_cache(mut self, max_entries: usize) -> Self {
         self.deny_cache = Some(max_entries);
         self
@@ -474,6 +476,7 @@ impl Limiter {
         if let Some(cache) = &inner.deny_cache
             && let Some(decision) = cache.lookup(key, &active.policy, cost, started)
         {
+            inner.meters.deny_cached();
             return Ok(decision);
         }
         let (permit, transition) = inner.breaker.permit();
@@ -566,6 +569,7 @@ impl Limiter {
                     .into_iter()
                     .map(|hit| match hit {
                         Some(d) => {
+                            inner.meters.deny_cached();
                             let outcome = Ok(d);
                             inner.meters.record(&outcome, started);
                             outcome

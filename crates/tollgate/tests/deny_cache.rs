@@ -155,6 +155,72 @@ async fn batches_use_the_deny_cache() {
     assert!(denied.retry_after.is_some() && denied.remaining == 0);
 }
 
+/// Every answer the cache gives, alone or in a batch, counts in
+/// `tollgate_deny_cache_answers_total` (and as a shared denial in `tollgate_decisions_total`),
+/// and only those: the count is exactly the script calls the cache saved.
+#[tokio::test]
+async fn cached_answers_are_counted_in_their_own_metric() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).build().await.unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // Metric handles are registered when the limiter is built: build it under the recorder.
+    let policy = Policy::token_bucket(1, Rate::new(1, Duration::from_secs(3600))).unwrap();
+    let limiter =
+        metrics::with_local_recorder(&recorder, || limiter("counted", policy, &store, true));
+    let keys: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|k| limiter.key([k]).unwrap())
+        .collect();
+    // Each key admitted once, then denied by the store (cached).
+    for key in &keys {
+        assert!(limiter.check_key(key, 1).await.unwrap().allowed);
+        assert!(!limiter.check_key(key, 1).await.unwrap().allowed);
+    }
+    let before = script_calls(&server);
+    for _ in 0..5 {
+        assert!(!limiter.check_key(&keys[0], 1).await.unwrap().allowed);
+    }
+    let batch = limiter.check_many(&keys, 1).await.unwrap();
+    assert!(batch.iter().all(|d| !d.as_ref().unwrap().allowed));
+    assert_eq!(script_calls(&server), before, "all 7 answered locally");
+    // A key the cache does not hold goes to the store and is not counted.
+    assert!(limiter.check(["c"], 1).await.unwrap().allowed);
+
+    // One snapshot: taking one drains the counters.
+    let snapshot = snapshotter.snapshot().into_vec();
+    let count = |name: &str, outcome: Option<&str>| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(ck, _, _, _)| {
+                let key = ck.key();
+                key.name() == name
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "operation" && l.value() == "counted")
+                    && outcome.is_none_or(|o| {
+                        key.labels().any(|l| l.key() == "outcome" && l.value() == o)
+                            && key
+                                .labels()
+                                .any(|l| l.key() == "enforcement" && l.value() == "shared")
+                    })
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{name} is a counter, not {other:?}"),
+            })
+            .sum()
+    };
+    assert_eq!(count("tollgate_deny_cache_answers_total", None), 7);
+    assert_eq!(
+        count("tollgate_decisions_total", Some("denied")),
+        2 + 7,
+        "two denials from the store, seven from the cache"
+    );
+    assert_eq!(count("tollgate_decisions_total", Some("allowed")), 3);
+}
+
 /// A denial cached under generation 1 must not come back when the limiter is switched to
 /// generation 2 (which another instance used to reset the bucket) and then back to 1: the
 /// store, where generation 2 governs the bucket, admits the key. (The entry was only hidden
