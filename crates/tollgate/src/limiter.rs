@@ -946,40 +946,24 @@ impl Limiter {
     ) -> Result<Decision, ()> {
         let inner = &*self.inner;
         let policy = active.degraded.as_ref().unwrap_or(&active.policy);
+        let retry = inner.breaker.probe_interval().max(MIN_RETRY);
+        // More than this instance's share can ever hold. Charging less than the cost would let
+        // the fleet admit more than its quota, so it is denied until shared enforcement can
+        // decide it; what is left comes from a peek of the whole share.
         let local_decision = if cost > policy.limit() {
-            // More than this instance's share can ever hold. Charging less than the
-            // cost would let the fleet admit more than its quota, so it is denied
-            // until shared enforcement can decide it. What is left comes from a peek at the
-            // whole share: denied, it consumed nothing and says what is left. Admitted, the
-            // bucket holds what the peek would leave plus the share; all of its limit is
-            // nothing to reset. Less than its limit but at least the share happens only when
-            // other parameters govern the bucket (an older generation under
-            // `DeferUntilExpiry`, a newer one): a peek of 1 tells when it is full, one unit's
-            // refill late at most (a peek cannot ask more than the share, and only a
-            // request the bucket cannot hold is decided without spending).
-            local.peek_now(key, policy, policy.limit()).and_then(|d| {
-                let held = if d.allowed {
-                    d.remaining.saturating_add(policy.limit()).min(d.limit)
-                } else {
-                    d.remaining
-                };
-                let reset_after = if !d.allowed {
-                    d.reset_after
-                } else if held == d.limit {
-                    Duration::ZERO
-                } else {
-                    local.peek_now(key, policy, 1)?.reset_after
-                };
-                Ok(Decision {
-                    allowed: false,
-                    remaining: held,
-                    retry_after: Some(inner.breaker.probe_interval().max(MIN_RETRY)),
-                    reset_after,
-                    ..d
-                })
-            })
+            deny_until_shared(local, key, policy, policy.limit(), retry)
         } else {
             local.acquire_now(key, policy, cost)
+        };
+        // A local bucket still governed by older, smaller parameters (a raise under
+        // `DeferUntilExpiry`) refuses a cost, or a peek of the share, above its own limit: the
+        // request is valid under the policy in force, and the local limiter has not failed.
+        // Denied likewise; a peek of 1, which any bucket holds, says what is left.
+        let local_decision = match local_decision {
+            Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity { .. })) => {
+                deny_until_shared(local, key, policy, 1, retry)
+            }
+            other => other,
         };
         match local_decision {
             Ok(d) => Ok(d.with_enforcement(Enforcement::Degraded)),
@@ -992,6 +976,45 @@ impl Limiter {
             }
         }
     }
+}
+
+/// A degraded denial of a request `local`'s bucket for `key` cannot take (its cost is above the
+/// share, or above the limit of older parameters still governing the bucket), told to retry
+/// in `retry` (when shared enforcement may decide it). What is left comes from a peek of
+/// `probe` units, which spends nothing: denied, it says what is left; admitted, the bucket
+/// holds what the peek would leave plus `probe`, and is full again when the peek says unless
+/// it is full now. The peek's reset is after spending `probe`, so it is one unit's refill late
+/// at most when `probe` is 1 and otherwise asked again with 1 (a peek cannot ask more than the
+/// share, and only a request the bucket cannot hold is decided without spending).
+fn deny_until_shared(
+    local: &dyn DecideNow,
+    key: &Key,
+    policy: &Policy,
+    probe: u64,
+    retry: Duration,
+) -> Result<Decision, StoreError> {
+    let d = local.peek_now(key, policy, probe)?;
+    let held = if d.allowed {
+        d.remaining.saturating_add(probe).min(d.limit)
+    } else {
+        d.remaining
+    };
+    let reset_after = if !d.allowed {
+        d.reset_after
+    } else if held == d.limit {
+        Duration::ZERO
+    } else if probe == 1 {
+        d.reset_after
+    } else {
+        local.peek_now(key, policy, 1)?.reset_after
+    };
+    Ok(Decision {
+        allowed: false,
+        remaining: held,
+        retry_after: Some(retry),
+        reset_after,
+        ..d
+    })
 }
 
 /// The shortest `retry_after` of a degraded denial that no local bucket can ever admit.

@@ -1147,3 +1147,94 @@ async fn a_degraded_denial_above_the_share_says_what_a_deferred_bucket_holds() {
         "denied {denied:?}, then cost 1 {one:?}"
     );
 }
+
+/// A raise under `DeferUntilExpiry` while the store is down: the instance's local bucket was
+/// written under the old share (capacity 20 over 2 instances: 10) and stays governed by it
+/// until it expires, while the new policy's share is 50. A request of cost 30 (within the new
+/// share) or 60 (above it, within the policy) is valid; the local bucket cannot hold it. The
+/// degraded mode denies it until shared enforcement can decide, as it does a cost above the
+/// share — it used to take the local store's refusal (a cost above the governing capacity) for
+/// a failure of the local limiter and fail closed (`Error::Unavailable`, a "degraded local
+/// limiter failed too" error, `tollgate_fallback_errors_total{class="invalid"}`).
+mod deferred_raise_while_degraded {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use metrics_util::debugging::DebuggingRecorder;
+    use tollgate::{
+        BreakerConfig, Enforcement, FailureMode, Limiter, LocalStore, ManualClock, Policy,
+        StoreError,
+    };
+
+    use super::{BeforeAcquire, metric};
+
+    #[tokio::test]
+    async fn a_cost_the_deferred_local_bucket_cannot_hold_is_a_degraded_denial() {
+        for cost in [30, 60] {
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            let clock = ManualClock::new(1_700_000_000_000_000);
+            let local = Arc::new(LocalStore::with_clock(clock.clone()));
+            let old: Policy = "token-bucket:capacity=20,rate=1,period=60s"
+                .parse()
+                .unwrap();
+            let limiter = metrics::with_local_recorder(&recorder, || {
+                Limiter::builder("deferred", old)
+                    .store(Arc::new(BeforeAcquire {
+                        inner: LocalStore::new(),
+                        hook: || {
+                            Some(StoreError::Unavailable {
+                                message: "down".into(),
+                                source: None,
+                            })
+                        },
+                    }))
+                    .failure_mode(FailureMode::degraded_with(local, 2))
+                    .breaker(BreakerConfig {
+                        failure_threshold: 100,
+                        probe_interval: Duration::from_secs(5),
+                    })
+                    .build()
+                    .unwrap()
+            });
+            let d = limiter.check(["k"], 1).await.unwrap();
+            assert_eq!(d.enforcement, Enforcement::Degraded);
+            assert_eq!((d.limit, d.remaining), (10, 9), "{d:?}");
+            limiter.set_policy(
+                "token-bucket:capacity=100,rate=5,period=60s,generation=1,\
+                 transition=defer-until-expiry"
+                    .parse()
+                    .unwrap(),
+            );
+            let d = limiter.check(["k"], cost).await.unwrap();
+            assert_eq!(d.enforcement, Enforcement::Degraded, "cost {cost}: {d:?}");
+            assert!(!d.allowed, "cost {cost}: {d:?}");
+            // the old share governs the bucket: its limit, what is left in it (nothing spent)
+            assert_eq!((d.limit, d.remaining), (10, 9), "cost {cost}: {d:?}");
+            assert_eq!(
+                d.retry_after,
+                Some(Duration::from_secs(5)),
+                "until the breaker's probe"
+            );
+            // full again one unit's refill (60 s) after the spent one's, one unit late at most
+            assert!(
+                d.reset_after >= Duration::from_secs(60)
+                    && d.reset_after <= Duration::from_millis(120_001),
+                "{d:?}"
+            );
+            // the bucket still serves what it can hold
+            let small = limiter.check(["k"], 9).await.unwrap();
+            assert!(small.allowed && small.remaining == 0, "{small:?}");
+            let snapshot = snapshotter.snapshot().into_vec();
+            assert_eq!(
+                metric(
+                    &snapshot,
+                    "tollgate_fallback_errors_total",
+                    &[("class", "invalid")]
+                ),
+                Some(0.0),
+                "the local limiter did not fail"
+            );
+        }
+    }
+}
