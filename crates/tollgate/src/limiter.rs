@@ -260,6 +260,10 @@ impl LimiterBuilder {
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 meters,
                 capacity_log: LogThrottle::new(REPEATED_LOG_INTERVAL),
+                outage_log: [
+                    LogThrottle::new(REPEATED_LOG_INTERVAL),
+                    LogThrottle::new(REPEATED_LOG_INTERVAL),
+                ],
                 fallback_log: LogThrottle::new(REPEATED_LOG_INTERVAL),
             }),
         })
@@ -284,8 +288,12 @@ struct Inner {
     gauge_order: Mutex<()>,
     deny_cache: Option<DenyCache>,
     meters: Meters,
-    /// Thins the key-cap warning; the breaker bounds the outage warnings.
+    /// Thins the key-cap warning.
     capacity_log: LogThrottle,
+    /// Thin the outage warnings, one per class (unavailable, busy): the breaker bounds a
+    /// full outage, but a partial one (a Cluster shard down, a flaky link: answers between
+    /// the failures) never opens it, and would otherwise write a line per failed request.
+    outage_log: [LogThrottle; 2],
     /// Thins the error that the degraded mode's local store failed too.
     fallback_log: LogThrottle,
 }
@@ -829,11 +837,16 @@ impl Limiter {
                 "rate limiter store cannot hold a new key; applying failure mode to it alone"
             );
         } else {
+            let log = &inner.outage_log[usize::from(class == ErrorClass::Busy)];
+            let Some(suppressed) = log.hit(Instant::now(), requests as u64) else {
+                return;
+            };
             tracing::warn!(
                 operation = %inner.operation,
                 mode = inner.failure_mode.as_str(),
                 class = class.as_str(),
                 requests,
+                suppressed,
                 error = %error,
                 "rate limiter store unavailable; applying failure mode"
             );
