@@ -40,6 +40,7 @@
 //! | `failure_mode` | yes | `"open"`, `"closed"` or `"degraded"` |
 //! | `expected_instances` | with `degraded` | the instances sharing the quota: each enforces the quota divided by this while the store is down; refused with `open` or `closed` |
 //! | `timeout` | no | deadline of one store call, a duration with its unit as policy windows take it, e.g. `"100ms"`, `"1s 500ms"`, `"1h"` (default 250 ms) |
+//! | `challenge` | no | with `key = "user"`: the `WWW-Authenticate` challenge of the 401 a request without a user gets, e.g. `"Basic realm=\"api\""` (default `"Bearer"`) |
 //!
 //! Top level: `legacy_headers = true|false`, a `[proxies]` table with `trusted = [CIDR...]`
 //! and `header = "x-forwarded-for" | "forwarded"`, and a `[client_ip]` table with
@@ -52,7 +53,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderName, Method};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::routing::MethodFilter;
 use serde::Deserialize;
 use tollgate::{FailureMode, Key, Limiter, LimiterBuilder, Policy, Store};
@@ -268,6 +269,8 @@ struct RawRoute {
     expected_instances: Option<Spanned<i64>>,
     #[serde(default)]
     timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    challenge: Option<Spanned<String>>,
 }
 
 struct Validator<'a> {
@@ -465,6 +468,29 @@ impl Validator<'_> {
         };
 
         let key = self.key(&raw.key, &field("key"), client_ip)?;
+        let key = match (&raw.challenge, key) {
+            (None, key) => key,
+            (Some(c), KeySource::User(_)) => match HeaderValue::from_str(c.get_ref().trim()) {
+                Ok(v) if !v.is_empty() => KeySource::User(UserKey::with_challenge(v)),
+                _ => {
+                    return self.err(
+                        &c.span(),
+                        &field("challenge"),
+                        format_args!(
+                            "{:?} is not a WWW-Authenticate challenge such as \"Bearer\" or \"Basic realm=\\\"api\\\"\"",
+                            c.get_ref()
+                        ),
+                    );
+                }
+            },
+            (Some(c), _) => {
+                return self.err(
+                    &c.span(),
+                    &field("challenge"),
+                    "only a route keyed by \"user\" answers 401 with a challenge",
+                );
+            }
+        };
 
         let policy = match raw.policy.get_ref().parse::<Policy>() {
             Ok(p) => p,
@@ -570,7 +596,7 @@ impl Validator<'_> {
         let text = raw.get_ref().as_str();
         Ok(match text {
             "ip" => KeySource::ClientIp(client_ip.clone()),
-            "user" => KeySource::User(UserKey),
+            "user" => KeySource::User(UserKey::new()),
             "route" => KeySource::Route(RouteKey),
             _ => match text
                 .strip_prefix("header:")
@@ -1077,5 +1103,29 @@ failure_mode = "closed"
             let field = error(&with(&format!("timeout = \"{bad}\""))).field;
             assert_eq!(field, "route[0].timeout", "{bad:?}");
         }
+    }
+
+    /// A route keyed by user answers a request without one with 401 and a challenge: `Bearer`
+    /// unless the route names another; only such a route takes one.
+    #[test]
+    fn a_user_route_takes_a_challenge() {
+        let user = ROUTE.replace("key = \"route\"", "key = \"user\"");
+        let challenge = |file: &PolicyFile| match &file.routes[0].key {
+            KeySource::User(k) => k.challenge().to_str().unwrap().to_owned(),
+            other => panic!("{}", other.describe()),
+        };
+        assert_eq!(challenge(&PolicyFile::parse(&user).unwrap()), "Bearer");
+        let basic = format!("{user}challenge = 'Basic realm=\"api\"'\n");
+        assert_eq!(
+            challenge(&PolicyFile::parse(&basic).unwrap()),
+            "Basic realm=\"api\""
+        );
+        for bad in ["", "  ", "Bearer\\nx"] {
+            let e = error(&format!("{user}challenge = \"{bad}\"\n"));
+            assert_eq!((e.line, e.field.as_str()), (8, "route[0].challenge"), "{e}");
+        }
+        let e = error(&with("challenge = \"Bearer\""));
+        assert_eq!(e.field, "route[0].challenge", "{e}");
+        assert!(e.message.contains("only a route keyed by \"user\""), "{e}");
     }
 }

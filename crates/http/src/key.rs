@@ -16,7 +16,7 @@
 use std::borrow::Cow;
 
 use axum::extract::MatchedPath;
-use axum::http::{HeaderName, Request, StatusCode};
+use axum::http::{HeaderName, HeaderValue, Request, StatusCode};
 
 use crate::client_ip::ClientIpKey;
 
@@ -26,6 +26,7 @@ use crate::client_ip::ClientIpKey;
 pub struct Rejection {
     status: StatusCode,
     message: Cow<'static, str>,
+    challenge: Option<HeaderValue>,
 }
 
 impl Rejection {
@@ -34,7 +35,21 @@ impl Rejection {
         Self {
             status,
             message: message.into(),
+            challenge: None,
         }
+    }
+
+    /// The same rejection answered with a `WWW-Authenticate: challenge` field, which RFC 9110
+    /// (15.5.2) requires of every 401.
+    #[must_use]
+    pub fn with_challenge(mut self, challenge: HeaderValue) -> Self {
+        self.challenge = Some(challenge);
+        self
+    }
+
+    /// The `WWW-Authenticate` challenge it is answered with, if any.
+    pub fn challenge(&self) -> Option<&HeaderValue> {
+        self.challenge.as_ref()
     }
 
     /// The status code.
@@ -102,28 +117,62 @@ impl KeyExtractor for HeaderKey {
 pub struct AuthenticatedUser(pub String);
 
 /// Keys a request by its [`AuthenticatedUser`] extension. A request without one is refused
-/// with 401.
+/// with 401 and a `WWW-Authenticate` challenge (RFC 9110 requires one on every 401):
+/// `Bearer` unless another is set ([`UserKey::with_challenge`]).
 ///
 /// ```
-/// use axum::http::Request;
+/// use axum::http::{HeaderValue, Request};
 /// use tollgate_http::{AuthenticatedUser, KeyExtractor, UserKey};
 ///
 /// let mut req = Request::new(());
-/// assert_eq!(UserKey.extract(&req).unwrap_err().status().as_u16(), 401);
+/// let refused = UserKey::new().extract(&req).unwrap_err();
+/// assert_eq!(refused.status().as_u16(), 401);
+/// assert_eq!(refused.challenge().unwrap(), "Bearer");
+/// let basic = UserKey::with_challenge(HeaderValue::from_static("Basic realm=\"api\""));
+/// assert_eq!(basic.extract(&req).unwrap_err().challenge().unwrap(), "Basic realm=\"api\"");
 /// req.extensions_mut().insert(AuthenticatedUser("alice".into()));
-/// assert_eq!(UserKey.extract(&req).unwrap(), b"alice");
+/// assert_eq!(UserKey::new().extract(&req).unwrap(), b"alice");
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UserKey;
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserKey {
+    challenge: HeaderValue,
+}
+
+impl UserKey {
+    /// The challenge of a 401 unless another is set.
+    pub const DEFAULT_CHALLENGE: &'static str = "Bearer";
+
+    /// Refuses a request without a user with 401 and `WWW-Authenticate: Bearer`.
+    pub fn new() -> Self {
+        Self::with_challenge(HeaderValue::from_static(Self::DEFAULT_CHALLENGE))
+    }
+
+    /// Refuses a request without a user with 401 and `WWW-Authenticate: challenge` (the
+    /// scheme, and any parameters, your authentication layer accepts).
+    pub fn with_challenge(challenge: HeaderValue) -> Self {
+        Self { challenge }
+    }
+
+    /// The `WWW-Authenticate` challenge of its 401.
+    pub fn challenge(&self) -> &HeaderValue {
+        &self.challenge
+    }
+}
+
+impl Default for UserKey {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl KeyExtractor for UserKey {
     fn extract<B>(&self, request: &Request<B>) -> Result<Vec<u8>, Rejection> {
         match request.extensions().get::<AuthenticatedUser>() {
             Some(AuthenticatedUser(user)) if !user.is_empty() => Ok(user.as_bytes().to_vec()),
-            _ => Err(Rejection::new(
-                StatusCode::UNAUTHORIZED,
-                "authentication required",
-            )),
+            _ => Err(
+                Rejection::new(StatusCode::UNAUTHORIZED, "authentication required")
+                    .with_challenge(self.challenge.clone()),
+            ),
         }
     }
 }
@@ -243,7 +292,7 @@ mod tests {
         req.extensions_mut()
             .insert(AuthenticatedUser(String::new()));
         assert_eq!(
-            UserKey.extract(&req).unwrap_err().status(),
+            UserKey::new().extract(&req).unwrap_err().status(),
             StatusCode::UNAUTHORIZED
         );
     }

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use tollgate::{Algorithm, Decision, Enforcement, Error, Limiter, Policy, PolicyError, StoreError};
 
@@ -372,9 +372,16 @@ impl RateLimitResponses {
         }
     }
 
-    /// The answer to a request refused before the limiter was asked (no key, bad cost).
+    /// The answer to a request refused before the limiter was asked (no key, bad cost), with
+    /// its `WWW-Authenticate` challenge if it has one.
     pub fn rejected<B: From<String>>(&self, rejection: &Rejection) -> Response<B> {
-        text(rejection.status(), format!("{}\n", rejection.message()))
+        let mut response = text(rejection.status(), format!("{}\n", rejection.message()));
+        if let Some(challenge) = rejection.challenge() {
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, challenge.clone());
+        }
+        response
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::HeaderValue;
 use axum::routing::get;
 use reqwest::{Response, StatusCode};
 use tollgate::{Decision, FailureMode, Key, Limiter, LocalStore, ManualClock, Policy, Rate, Store};
@@ -392,7 +393,15 @@ async fn requests_without_a_key_are_refused_before_the_limiter() {
         )
         .route(
             "/by-user",
-            get(|| async { "ok" }).route_layer(RateLimitLayer::new(limiter("by-user"), UserKey)),
+            get(|| async { "ok" })
+                .route_layer(RateLimitLayer::new(limiter("by-user"), UserKey::new())),
+        )
+        .route(
+            "/by-basic-user",
+            get(|| async { "ok" }).route_layer(RateLimitLayer::new(
+                limiter("by-basic-user"),
+                UserKey::with_challenge(HeaderValue::from_static("Basic realm=\"api\"")),
+            )),
         );
     let base = serve(app).await;
     let http = client();
@@ -411,8 +420,22 @@ async fn requests_without_a_key_are_refused_before_the_limiter() {
             .unwrap()
             .starts_with("\"by-header\";r=4;t=")
     );
+    // RFC 9110 15.5.2: a 401 carries a WWW-Authenticate challenge (`Bearer` by default, or the
+    // one the key was given); no quota fields, as for any request refused before the limiter.
     let resp = http.get(format!("{base}/by-user")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(header(&resp, "www-authenticate"), Some("Bearer"));
+    assert!(header(&resp, "ratelimit").is_none());
+    let resp = http
+        .get(format!("{base}/by-basic-user"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        header(&resp, "www-authenticate"),
+        Some("Basic realm=\"api\"")
+    );
 }
 
 #[tokio::test]

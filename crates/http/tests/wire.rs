@@ -672,7 +672,8 @@ async fn an_outer_layer_adds_nothing_to_an_inner_layers_own_answers() {
         )
         .route(
             "/user",
-            get(|| async { "ok" }).route_layer(RateLimitLayer::new(inner("user", &up), UserKey)),
+            get(|| async { "ok" })
+                .route_layer(RateLimitLayer::new(inner("user", &up), UserKey::new())),
         )
         .route(
             "/cost",
