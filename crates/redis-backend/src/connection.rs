@@ -444,7 +444,9 @@ impl Pool {
             .retry_connection(false)
             .error_sink(Box::new(errors.clone()))
             .queue_strategy(bb8::QueueStrategy::Fifo)
-            .connection_timeout(connect_timeout)
+            // bb8 asserts a non-zero timeout; a zero connect timeout (every connect times out)
+            // is kept by the connect itself (`PoolManager`) and by `build`'s own deadline
+            .connection_timeout(connect_timeout.max(Duration::from_millis(1)))
             .build_unchecked(PoolManager::new(client, connect_timeout));
         Self {
             connections: pool,

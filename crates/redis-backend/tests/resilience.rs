@@ -124,6 +124,37 @@ async fn a_lazily_built_store_starts_while_redis_is_down_and_serves_once_it_is_u
     assert_eq!(remaining, [9, 8], "one bucket, in the server that came up");
 }
 
+/// A zero connect timeout builds no panic: the pool handed it to bb8, which asserts a
+/// non-zero timeout, and `build` / `build_lazy` panicked. Zero is as short a deadline as the
+/// runtime's timer has (a connect on loopback may finish within the first poll): `build`
+/// and a call either succeed or fail as unavailable (timed out).
+#[tokio::test]
+async fn a_zero_connect_timeout_is_a_deadline_not_a_panic() {
+    let server = Server::start();
+    let p = Policy::token_bucket(10, Rate::per_second(1)).unwrap();
+    let k = Key::global("zero");
+    let outage_or_ok = |what: &str, r: Result<(), StoreError>| {
+        if let Err(e) = r {
+            assert_eq!(e.class(), ErrorClass::Unavailable, "{what}: {e:?}");
+        }
+    };
+    for multiplexed in [false, true] {
+        let builder = || {
+            let b = RedisStore::builder(server.url())
+                .timeout(Duration::from_millis(200))
+                .connect_timeout(Duration::ZERO);
+            if multiplexed { b.multiplexed() } else { b }
+        };
+        let built = tokio::spawn(builder().build()).await;
+        outage_or_ok("build", built.expect("build does not panic").map(drop));
+        let lazy = tokio::spawn(builder().build_lazy()).await;
+        let store = lazy.expect("build_lazy does not panic").unwrap();
+        let k = k.clone();
+        let call = tokio::spawn(async move { store.acquire(&k, &p, 1).await }).await;
+        outage_or_ok("call", call.expect("a call does not panic").map(drop));
+    }
+}
+
 /// A batch that repeats a key goes as one transaction (MULTI … EXEC). While another script
 /// runs past `busy-reply-threshold`, the server refuses each queued EVALSHA with `BUSY` and
 /// EXEC answers `EXECABORT`: the batch must fail as busy (DESIGN: BUSY → busy, so the
