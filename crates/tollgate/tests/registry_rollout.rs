@@ -47,6 +47,18 @@ async fn follow(server: &RedisServer, limiter: &Limiter) -> Result<PolicyFollowe
     .await
 }
 
+/// HGET calls the server has executed (INFO commandstats).
+fn hget_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hget:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Writes `value` as the entry of "api", as a hand edit would.
 fn hset(server: &RedisServer, value: &[u8]) {
     let mut conn = server.client().get_connection().unwrap();
@@ -162,10 +174,18 @@ async fn hostile_entries_are_refused_and_the_last_good_policy_kept() {
             matches!(got, Err(RegistryError::Corrupt { .. })),
             "{value:?}: {got:?}"
         );
+        // The follower reads the entry by HGET: one more executed after this value was
+        // written (and after the check's own) is a poll that met it. Each value must reach
+        // the follower's apply path, not only the last one (all were written within a poll
+        // interval before, so the follower met one of the fifteen).
+        let seen = hget_calls(&server);
+        assert!(
+            tollgate_testkit::wait::eventually(fa.bound() * 3, || hget_calls(&server) > seen).await,
+            "{value:?}: no poll met it within {:?}",
+            fa.bound() * 3
+        );
+        assert_eq!(a.policy(), good, "{value:?}");
     }
-    // Each poll met one of them (a poll every 100 ms; two bounds' worth of the last one).
-    tokio::time::sleep(fa.bound() * 2).await;
-    assert_eq!(a.policy(), good);
     let g4 = generation(4, 7);
     reg.publish("api", &g4).await.unwrap();
     converge(&[&a], g4, fa.bound() * 5).await;
