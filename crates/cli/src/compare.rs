@@ -24,6 +24,11 @@ use tokio::net::TcpStream;
 use tollgate::Policy;
 use tollgate::redis::{RedisStore, scripts};
 
+/// Most connections `tollgate ceiling` opens.
+const MAX_CLIENTS: u64 = 10_000;
+/// Most commands `tollgate ceiling` pipelines on one connection (built in one buffer).
+const MAX_PIPELINE: u64 = 10_000;
+
 /// One ceiling measurement.
 #[derive(Debug, Serialize)]
 pub(crate) struct Ceiling {
@@ -329,11 +334,12 @@ pub(crate) struct CeilingArgs {
     /// An argument of `--script`'s script (repeat for more, in order).
     #[arg(long = "arg", value_name = "ARG", requires = "script")]
     args: Vec<String>,
-    /// Connections (redis-benchmark's `-c`), at least 1.
-    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    /// Connections (redis-benchmark's `-c`), 1 to 10,000.
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_CLIENTS))]
     clients: usize,
-    /// Commands sent at a time on each connection (`-P`), at least 1.
-    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    /// Commands sent at a time on each connection (`-P`), 1 to 10,000 (each connection builds
+    /// its round's commands in one buffer).
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_PIPELINE))]
     pipeline: usize,
     /// Requests in all (`-n`), at least 1.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]

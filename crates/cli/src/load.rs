@@ -102,15 +102,16 @@ pub(crate) struct LoadArgs {
     /// to 100,000.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH as u64))]
     batch: u64,
-    /// Measure a bare `PING` round trip instead of decisions, with the same connections,
-    /// tasks and bounds: the baseline for decision latency.
-    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache"])]
+    /// Measure a bare `PING` round trip instead of decisions, with the same tasks and bounds,
+    /// on one multiplexed connection per instance (the store's protocol, `--timeout` as each
+    /// call's deadline; not with `--pool`): the baseline for decision latency.
+    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "pool"])]
     ping: bool,
     /// Run the policy's script by a bare `EVALSHA` on the instance's connection (no limiter,
     /// breaker, deadline or decision decoding), with the same keys, tasks and bounds: with
     /// `--ping`, it splits a decision's latency into the round trip, the script's run in
     /// Redis, and tollgate's own work.
-    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "ping"])]
+    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "ping", "pool"])]
     bare_script: bool,
     /// Run the Lua script in this file by a bare `EVALSHA` with one key (the key a decision
     /// uses, `<prefix>{load:k<i>}`) and no arguments, instead of decisions: the latency floor of
@@ -119,7 +120,7 @@ pub(crate) struct LoadArgs {
         long,
         value_name = "PATH",
         requires = "redis",
-        conflicts_with_all = ["batch", "deny_cache", "ping", "bare_script", "compare_redis_benchmark"]
+        conflicts_with_all = ["batch", "deny_cache", "ping", "bare_script", "compare_redis_benchmark", "pool"]
     )]
     eval_file: Option<std::path::PathBuf>,
     /// After the run, run the same script, argument, keys, visiting order, concurrency and
@@ -513,9 +514,12 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
             if args.ping || args.bare_script || args.eval_file.is_some() {
                 let url = store.redis.as_deref().unwrap_or_default();
                 // the store's protocol, so the probes' round trips are the decisions'
-                let conn = tollgate::redis::client_for(url)?
+                let mut conn = tollgate::redis::client_for(url)?
                     .get_multiplexed_async_connection()
                     .await?;
+                // a probe's call has the deadline a decision has (`--timeout`), not redis-rs's
+                // default
+                conn.set_response_timeout(store.timeout);
                 let prefix = &store.prefix;
                 if args.ping {
                     Probe::Ping(conn)

@@ -111,6 +111,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         app = app.route("/", get(move || async move { index }));
     }
     app = app.layer(middleware::from_fn(demo_auth));
+    let shutdown = shutdown_signals()?;
     // Tests and scripts read this first line for the address. A reader that has gone
     // (`serve | head -1`) does not stop the server: the banner is only for it.
     let banner = crate::outln!("listening on http://{addr} (store: {})", args.store.label())
@@ -130,7 +131,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(async move {
-        shutdown_signal().await;
+        shutdown.await;
         let _ = signalled.send(());
     });
     let grace = args.shutdown_grace;
@@ -216,8 +217,13 @@ fn index_text(file: &PolicyFile, store: &str, addr: SocketAddr) -> String {
 /// each parameter given a value.
 fn try_route(route: &RouteConfig, addr: SocketAddr) -> String {
     let mut cmd = String::from("curl -i");
-    if let Some(method) = route.method.as_ref().filter(|m| **m != Method::GET) {
-        let _ = write!(cmd, " -X {method}");
+    match route.method.as_ref() {
+        None | Some(&Method::GET) => {}
+        // `-X HEAD` would have curl wait for the body the response's length announces
+        Some(&Method::HEAD) => cmd = String::from("curl -I"),
+        Some(method) => {
+            let _ = write!(cmd, " -X {method}");
+        }
     }
     match &route.key {
         KeySource::Header(h) => {
@@ -258,20 +264,17 @@ fn init_tracing() {
         .try_init();
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// SIGTERM and SIGINT (Ctrl-C), registered when this is called (not when the future is first
+/// polled): called before the ready line is printed, so a signal sent as soon as a script has
+/// read that line ends the server gracefully rather than by the signal's default action.
+fn shutdown_signals() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = interrupt.recv() => {},
         }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
+    })
 }

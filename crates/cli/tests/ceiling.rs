@@ -241,3 +241,31 @@ fn the_clock_starts_after_the_clients_connect() {
     // two round trips of >= 0.4 s in all: at most 5/s; four would be at most 2.5/s
     assert!(rps > 3.5 && rps <= 5.1, "{rps} requests/s: {s}");
 }
+
+/// Sizes beyond what the driver can hold are usage errors (exit 2, naming the flag), not an
+/// abort on allocation: a round's `--pipeline` commands are built in one buffer, and
+/// `--pipeline 100000000` asked for gigabytes (found by a review: "memory allocation of
+/// 4294967296 bytes failed" under a 4 GiB address-space limit).
+#[test]
+fn sizes_beyond_what_the_driver_can_hold_are_usage_errors() {
+    let server = RedisServer::start();
+    for (flag, value) in [("--pipeline", "100000000"), ("--clients", "10000000")] {
+        let out = ceiling(
+            &server,
+            &[
+                "--policy",
+                "token-bucket:capacity=10,rate=2",
+                flag,
+                value,
+                "--requests",
+                "100000000",
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("10000"),
+            "{stderr}"
+        );
+    }
+}

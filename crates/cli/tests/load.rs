@@ -404,6 +404,68 @@ fn connect_all_is_refused_where_the_run_uses_no_pool() {
     );
 }
 
+/// `--pool N` sizes the store's pool: the probes use one multiplexed connection of their own,
+/// and the flag was accepted with them and ignored (found by a review: `--ping --pool 16` ran
+/// on no pool). Refused, as `--connect-all` is.
+#[test]
+fn pool_is_refused_where_the_run_uses_no_pool() {
+    refused_with(
+        "--pool",
+        &[
+            &["16", "--ping"],
+            &["16", "--bare-script"],
+            &["16", "--eval-file", "floor.lua"],
+        ],
+    );
+}
+
+/// A probe's call (`--ping`, `--bare-script`) has `--timeout` as its deadline, as a decision
+/// has: against a server that stops answering (SIGSTOP), the slowest call of the run is
+/// bounded by it, not by redis-rs's default response timeout (500 ms, found by a review:
+/// "the slowest call took 501915 us" with `--timeout 50ms`).
+#[test]
+fn probe_calls_have_the_timeout_as_their_deadline() {
+    for probe in ["--ping", "--bare-script"] {
+        let mut server = RedisServer::start();
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args([
+                "load",
+                "--policy",
+                "token-bucket:capacity=10,rate=2",
+                "--duration",
+                "1500ms",
+                "--redis",
+                &server.url(),
+                "--timeout",
+                "50ms",
+                "--json",
+                probe,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // some calls answered first, then the server stops answering for the rest of the run
+        thread::sleep(Duration::from_millis(500));
+        server.pause();
+        let out = child.wait_with_output().unwrap();
+        server.resume();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let slowest = s["slowest_call_us"].as_f64().unwrap();
+        assert!(s["errors"].as_u64().unwrap() > 0, "{probe}: {s}");
+        assert!(
+            slowest < 300_000.0,
+            "{probe} --timeout 50ms: the slowest call took {slowest} us (first error {})",
+            s["first_error"]
+        );
+    }
+}
+
 /// `--compare-redis-benchmark` reaches the server as the load did: a percent-encoded password
 /// (`p%40ss` for `p@ss`) was sent to AUTH undecoded (WRONGPASS), and the URL's database was
 /// dropped, so the ceiling wrote its keys into database 0.

@@ -553,3 +553,68 @@ async fn a_route_timeout_above_the_cli_timeout_is_honoured() {
         "the route's 3 s deadline, not --timeout's 250 ms"
     );
 }
+
+/// A route served only for `HEAD` is suggested as `curl -I URL`: `curl -i -X HEAD URL` waits
+/// for the body the response's length announces, and never ends (found by a review).
+#[tokio::test]
+async fn the_index_suggests_a_head_request_that_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[[route]]\nname = \"h\"\npath = \"/h\"\nmethod = \"HEAD\"\nkey = \"route\"\n\
+         policy = \"token-bucket:capacity=10,rate=1\"\nfailure_mode = \"closed\"\n",
+    );
+    let serve = Serve::start(&["--config", &config]);
+    let text = client()
+        .get(serve.url("/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let host = serve.base.strip_prefix("http://").unwrap();
+    let expected = format!("curl -I '{host}/h'");
+    assert!(text.contains(&expected), "{expected:?} not in:\n{text}");
+    assert!(!text.contains("-X HEAD"), "{text}");
+}
+
+/// `serve` listens for SIGTERM and SIGINT before it prints its ready line: a SIGTERM sent as
+/// soon as a script has read that line is a graceful exit (status 0). The handlers were
+/// installed only when the server's future was first polled, after the line, so such a
+/// signal killed the process by its default action (4 of 10 runs in the review that found it).
+#[test]
+fn a_sigterm_right_after_the_ready_line_is_a_graceful_exit() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut killed = Vec::new();
+    for _ in 0..20 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(first.starts_with("listening on "), "{first}");
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = child.wait().unwrap();
+        if !status.success() {
+            killed.push(format!("{status:?}"));
+        }
+    }
+    assert!(
+        killed.is_empty(),
+        "{} of 20 processes killed by a SIGTERM sent after their ready line: {killed:?}",
+        killed.len()
+    );
+}
