@@ -1320,20 +1320,7 @@ impl Cluster {
 
     /// A direct connection to `node`, with the first initial node's settings, remembered.
     async fn connect_to(&self, node: &(String, u16)) -> RedisResult<DirectConn> {
-        let addr = match self.node_info.addr() {
-            redis::ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => redis::ConnectionAddr::TcpTls {
-                host: node.0.clone(),
-                port: node.1,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => redis::ConnectionAddr::Tcp(node.0.clone(), node.1),
-        };
-        let client = redis::Client::open(self.node_info.clone().set_addr(addr))?;
+        let client = client_at(&self.node_info, node)?;
         // Over RESP3 the connection flags itself broken when the node closes it
         // ([`flag_broken_on_disconnect`]), and [`Cluster::direct`] connects afresh.
         let health = Arc::default();
@@ -1494,6 +1481,44 @@ async fn follow_redirects(
         }
     }
     result
+}
+
+/// A client for `node` with `like`'s settings (credentials, protocol, TLS).
+pub(crate) fn client_at(
+    like: &redis::ConnectionInfo,
+    node: &(String, u16),
+) -> RedisResult<redis::Client> {
+    let addr = match like.addr() {
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: node.0.clone(),
+            port: node.1,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => redis::ConnectionAddr::Tcp(node.0.clone(), node.1),
+    };
+    redis::Client::open(like.clone().set_addr(addr))
+}
+
+/// The node a `MOVED` error points to (not `ASK`: a slot in migration), with the host of
+/// `sent_to` where the error names only a port ([`redirect_target`]).
+pub(crate) fn moved_target(
+    err: &RedisError,
+    sent_to: &redis::ConnectionInfo,
+) -> Option<(String, u16)> {
+    if err.kind() != ErrorKind::Server(ServerErrorKind::Moved) {
+        return None;
+    }
+    redirect_target(err, || match sent_to.addr() {
+        redis::ConnectionAddr::Tcp(host, _) | redis::ConnectionAddr::TcpTls { host, .. } => {
+            Some(host.clone())
+        }
+        _ => None,
+    })
 }
 
 /// The node a `MOVED` or `ASK` error points to. A node with an unknown endpoint

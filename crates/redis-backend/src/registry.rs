@@ -90,7 +90,9 @@ pub enum Published {
 /// succeeds. Over RESP2 the first call after such a close fails as unavailable.
 #[derive(Clone)]
 pub struct RedisRegistry {
-    client: redis::Client,
+    /// The server the registry's commands go to: the URL's, or the Cluster node a `MOVED`
+    /// pointed to since.
+    client: Arc<ArcSwap<redis::Client>>,
     config: ConnectionManagerConfig,
     conn: Arc<ArcSwap<ConnectionManager>>,
     key: String,
@@ -174,6 +176,12 @@ impl RedisRegistry {
     /// store refuses ([`RedisStoreBuilder::prefix`](crate::RedisStoreBuilder::prefix)) is
     /// refused here too, before anything is sent: [`RegistryError::Store`] with
     /// [`StoreError::InvalidKey`].
+    ///
+    /// On a Redis Cluster, give it any node's URL: the registry's hash lives in one slot, and a
+    /// `MOVED` points its commands at that slot's primary from then on (also after the slot
+    /// moves); subscriptions hear publications on any node. Under Sentinel it talks to the
+    /// URL's server only: give it the primary's, and after a failover a new one (a demoted
+    /// primary refuses publications as `READONLY`).
     pub async fn connect(
         url: &str,
         prefix: &str,
@@ -196,7 +204,7 @@ impl RedisRegistry {
         .map_err(|_| StoreError::Timeout(timeout))?
         .map_err(|e| classify(&e))?;
         Ok(Self {
-            client,
+            client: Arc::new(ArcSwap::from_pointee(client)),
             config,
             conn: Arc::new(ArcSwap::from_pointee(conn)),
             key: format!("{prefix}registry"),
@@ -232,9 +240,8 @@ impl RedisRegistry {
         // Silence (the connection's own response timeout, or the deadline): the next call
         // goes over a new connection, made when first used (the settings made the first one,
         // so they make this one).
-        if let Ok(fresh) =
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-        {
+        let client = redis::Client::clone(&self.client.load());
+        if let Ok(fresh) = ConnectionManager::new_lazy_with_config(client, self.config.clone()) {
             self.conn.store(Arc::new(fresh));
         }
         Err(RegistryError::Store(error))
@@ -253,10 +260,34 @@ impl RedisRegistry {
         self.deadline(async {
             match run(self.conn()).await {
                 Err(e) if e.is_connection_dropped() => run(self.conn()).await,
+                Err(e) if self.follow_moved(&e) => run(self.conn()).await,
                 other => other,
             }
         })
         .await
+    }
+
+    /// On a Redis Cluster the registry's hash lives in one slot, on one primary: a `MOVED`
+    /// (the URL is another node's, or the slot has moved since) points the registry's commands
+    /// at that node from now on (the same credentials, protocol and TLS), and the command is
+    /// sent there. Whether it did. Publications reach subscribers on any node (Redis
+    /// broadcasts `PUBLISH` over the cluster bus), so the subscription stays where it is.
+    fn follow_moved(&self, error: &redis::RedisError) -> bool {
+        let current = self.client.load();
+        let Some(node) = crate::connection::moved_target(error, current.get_connection_info())
+        else {
+            return false;
+        };
+        let Ok(client) = crate::connection::client_at(current.get_connection_info(), &node) else {
+            return false;
+        };
+        let Ok(conn) = ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone())
+        else {
+            return false;
+        };
+        self.client.store(Arc::new(client));
+        self.conn.store(Arc::new(conn));
+        true
     }
 
     /// `cmd` on the shared connection, as [`RedisRegistry::call`] runs it.
@@ -351,7 +382,8 @@ impl RedisRegistry {
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy
     /// published from now on (and each reset announced), until its connection drops.
     pub async fn subscribe(&self) -> Result<Subscription, RegistryError> {
-        let pubsub = self.deadline(self.client.get_async_pubsub()).await?;
+        let client = redis::Client::clone(&self.client.load());
+        let pubsub = self.deadline(client.get_async_pubsub()).await?;
         let (mut sink, stream) = pubsub.split();
         self.deadline(sink.subscribe(&self.key)).await?;
         Ok(Subscription {

@@ -846,3 +846,65 @@ async fn a_redirection_naming_no_host_is_followed_to_the_senders_host() {
     );
     assert_eq!(store.peek(&key, &policy, 1).await.unwrap().remaining, 88);
 }
+
+/// The policy registry on a Redis Cluster: its hash lives in one slot, so a registry given
+/// any node's URL follows the `MOVED` to the slot's primary (publishing and reading failed with
+/// "key moved" on two nodes of three, found by a review), a subscription on any node hears a
+/// publication made through another (Redis broadcasts `PUBLISH` over the cluster bus), and
+/// once the slot moves to another primary the registry follows it there.
+#[tokio::test]
+async fn the_policy_registry_follows_its_slot_on_a_cluster() {
+    use tollgate_core::Transition;
+    use tollgate_redis::{Notice, Published, RedisRegistry};
+    let cluster = RedisCluster::start(3);
+    let timeout = Duration::from_secs(2);
+    let policy = |g: u64| {
+        Policy::fixed_window(10 + g, Duration::from_secs(60))
+            .unwrap()
+            .with_generation(g)
+            .with_transition(Transition::Carry)
+    };
+    let urls = cluster.urls();
+    let mut registries = Vec::new();
+    for url in &urls {
+        registries.push(
+            RedisRegistry::connect(url, "tollgate:", timeout)
+                .await
+                .unwrap(),
+        );
+    }
+    // a subscriber on every node, each hearing what any node publishes
+    let mut subs = Vec::new();
+    for r in &registries {
+        subs.push(r.subscribe().await.unwrap());
+    }
+    for (g, r) in (1..).zip(&registries) {
+        assert!(
+            matches!(r.publish("api", &policy(g)).await, Ok(Published::Stored)),
+            "generation {g}"
+        );
+        for other in &registries {
+            assert_eq!(other.get("api").await.unwrap(), Some(policy(g)));
+        }
+        for sub in &mut subs {
+            let heard = tokio::time::timeout(timeout, sub.next_notice()).await;
+            assert_eq!(
+                heard.ok().flatten(),
+                Some(Notice::Published("api".to_owned()))
+            );
+        }
+    }
+    assert_eq!(registries[0].list().await.unwrap().len(), 1);
+    // the slot moves to another primary: every registry follows it
+    let slot = RedisCluster::slot_of(registries[0].key());
+    let from = cluster.node_for_slot(slot);
+    cluster.migrate_slot(slot, from, (from + 1) % 3);
+    let next = u64::try_from(urls.len()).unwrap() + 1;
+    registries[from]
+        .publish("api", &policy(next))
+        .await
+        .expect("published on the slot's new primary");
+    for r in &registries {
+        assert_eq!(r.get("api").await.unwrap(), Some(policy(next)));
+    }
+}
