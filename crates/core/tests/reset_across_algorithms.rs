@@ -74,3 +74,57 @@ fn reset_into_a_token_bucket_never_moves_the_buckets_time_back() {
         "fixed window -> token bucket, reset"
     );
 }
+
+/// A sliding log keeps its time in its entries, so the empty log a `Reset` makes had none: its
+/// first entries were written at the stepped-back clock, and the clock's return admitted 5
+/// more (found by a review: `(5, 5)` from a log and from a token bucket). It holds the old
+/// bucket's time now (`transition::convert`). With no policy change a log keeps its time
+/// across the same step (its newest entry is its clock).
+#[test]
+fn reset_into_a_sliding_log_never_moves_the_buckets_time_back() {
+    let log = |g| {
+        Policy::sliding_log(5, Duration::from_secs(10))
+            .unwrap()
+            .with_generation(g)
+            .with_transition(Transition::Reset)
+    };
+    assert_eq!(step_back_and_return(&log(0), &log(0)), (0, 0), "no change");
+    let bucket = Policy::token_bucket(5, Rate::per_second(1)).unwrap();
+    let window = Policy::fixed_window(5, Duration::from_secs(10)).unwrap();
+    for (old, name) in [(log(0), "sliding log"), (bucket, "token bucket")] {
+        assert_eq!(
+            step_back_and_return(&old, &log(2)),
+            (5, 0),
+            "{name} -> sliding log, reset"
+        );
+    }
+    // a fixed window keeps only its window's start (T - 1 s): the log's first entries are
+    // there, live until T + 9 s, so none again at T
+    assert_eq!(
+        step_back_and_return(&window, &log(2)),
+        (5, 0),
+        "fixed window -> sliding log, reset"
+    );
+    // `Carry` and `Proportional` carry the use as one entry at the old bucket's time: written
+    // at `later`, converted with the clock 10 s behind it, the entry stays at `later`
+    for rule in [Transition::Carry, Transition::Proportional] {
+        let mut record = None;
+        assert!(acquire(&mut record, &log(0), T, 1));
+        let later = T + 10 * S;
+        let fresh = Policy::token_bucket(5, Rate::per_second(1)).unwrap();
+        assert!(acquire(&mut record, &fresh.with_generation(1), later, 1));
+        let to = log(2).with_transition(rule);
+        let back = later - 10 * S;
+        let admitted_back = (0..5)
+            .filter(|_| acquire(&mut record, &to, back, 1))
+            .count();
+        let admitted_again = (0..5)
+            .filter(|_| acquire(&mut record, &to, later, 1))
+            .count();
+        assert_eq!(
+            admitted_back + admitted_again,
+            4,
+            "{rule:?}: the token bucket's 1 used carried, 4 in all, wherever the clock is"
+        );
+    }
+}

@@ -79,7 +79,11 @@ end
 -- (then the record is written as head .. entries)
 local glimit, gwindow, g, pe, changed, keep, own = limit, window, gen, 0, true, false, true
 -- base: where the entries start in `raw` while they are the stored ones, unconverted
-local times, costs, n, base = {}, {}, 0, nil
+-- floor: a converted bucket's time, max(now, the old bucket's stored time): a log keeps its
+-- time in its entries, so one left empty by the conversion (a reset) still decides there and
+-- writes its first entry there, never at a clock stepped back behind it (as the core's
+-- transition::convert, whose marker entry of cost 0 merges into that first entry)
+local times, costs, n, base, floor = {}, {}, 0, nil, nil
 if sr then
   local o = sr.params
   local newer = gen > sr.gen or (gen == sr.gen and not (o[1] == limit and o[2] == window))
@@ -95,11 +99,12 @@ if sr then
     else
       pe, changed, keep = sr.pe, force, sr.pe > 0
     end
-  elseif rule ~= 0 then
+  else
     local rt, rc, rn = sr.times, sr.costs, sr.n
     local eff = now
     if rn > 0 and rt[rn] > now then eff = rt[rn] end
-    for i = 1, rn do
+    floor = eff
+    for i = 1, (rule ~= 0 and rn or 0) do
       if rt[i] + o[2] > eff then
         n = n + 1
         times[n], costs[n] = rt[i], rc[i]
@@ -137,11 +142,13 @@ elseif raw and not via then
   if x and x.used and x.used > 0 then
     times, costs, n = { x.eff }, { x.used }, 1
   end
+  if x and x.eff then floor = x.eff end
 end
 if cost > glimit then return struct.pack(REPLY, -1, 0, -1, 0, glimit) end
 
 local eff = now
 if n > 0 and times[n] > now then eff = times[n] end
+if floor and floor > eff then eff = floor end
 local first = n + 1
 for i = 1, n do
   if times[i] + gwindow > eff then first = i break end

@@ -475,28 +475,28 @@ async fn algorithm_changes_across_generations_equal_the_core_maths() {
     differential_on("algorithm changes", &policies, seed() ^ 9, true).await;
 }
 
+/// A store under test: its name, the store, and how to set its clock.
+type Backend<'a> = (&'a str, &'a dyn Store, &'a dyn Fn(u64));
+
 /// A `Reset` into another algorithm after Redis's clock stepped back starts the fresh bucket
 /// at `max(now, the old bucket's time)`, as the core does: when the clock comes back to where
 /// the bucket already was, nothing is credited twice (it started at the stepped-back clock,
-/// and a second fresh allowance was admitted at its return).
+/// and a second fresh allowance was admitted at its return). A sliding log keeps its time in
+/// its entries, so the empty log of a `Reset` keeps the old bucket's time until its first
+/// entry is written there (it had none, and admitted 5 again: found by a review). The same
+/// cases on `LocalStore` on a clock the test moves.
 #[tokio::test]
 async fn reset_across_algorithms_after_a_step_back_credits_nothing_twice() {
     const S: u64 = 1_000_000;
     let t = 1_700_000_000_000_000 + S; // one second into a 10-second window
     let server = Server::start_with_clock();
-    let store = server.multiplexed().await;
-    let window = |g| {
-        Policy::fixed_window(5, Duration::from_secs(10))
-            .unwrap()
-            .with_generation(g)
-            .with_transition(Transition::Reset)
-    };
-    let bucket = |g| {
-        Policy::token_bucket(5, Rate::per_second(1))
-            .unwrap()
-            .with_generation(g)
-            .with_transition(Transition::Reset)
-    };
+    let redis = server.multiplexed().await;
+    let clock = tollgate_core::ManualClock::new(t);
+    let local = tollgate::LocalStore::with_clock(clock.clone());
+    let reset = |p: Policy, g| p.with_generation(g).with_transition(Transition::Reset);
+    let window = |g| reset(Policy::fixed_window(5, Duration::from_secs(10)).unwrap(), g);
+    let bucket = |g| reset(Policy::token_bucket(5, Rate::per_second(1)).unwrap(), g);
+    let log = |g| reset(Policy::sliding_log(5, Duration::from_secs(10)).unwrap(), g);
     // (old, new, name, admitted when the clock is back at T): a fixed window keeps only its
     // window's start (T - 1 s), so a token bucket starting there has refilled one token by T
     let cases = [
@@ -504,24 +504,31 @@ async fn reset_across_algorithms_after_a_step_back_credits_nothing_twice() {
         (bucket(0), window(2), "token bucket -> fixed window", 0),
         (bucket(0), bucket(2), "token bucket -> token bucket", 0),
         (window(0), bucket(2), "fixed window -> token bucket", 1),
+        (log(0), log(2), "sliding log -> sliding log", 0),
+        (bucket(0), log(2), "token bucket -> sliding log", 0),
+        (window(0), log(2), "fixed window -> sliding log", 0),
+        (log(0), bucket(2), "sliding log -> token bucket", 0),
     ];
-    for (i, (old, new, name, refilled)) in cases.into_iter().enumerate() {
-        let key = Key::new("reset-back", [format!("k{i}")]).unwrap();
-        server.set_time(t);
-        assert!(
-            store.acquire(&key, &old, 5).await.unwrap().allowed,
-            "{name}"
-        );
-        server.set_time(t - 10 * S);
-        let mut back = 0;
-        for _ in 0..5 {
-            back += u32::from(store.acquire(&key, &new, 1).await.unwrap().allowed);
+    let stores: [Backend<'_>; 2] = [
+        ("Redis", &redis, &|at| server.set_time(at)),
+        ("LocalStore", &local, &|at| clock.set(at)),
+    ];
+    for (backend, store, set) in stores {
+        for (i, (old, new, name, refilled)) in cases.iter().enumerate() {
+            let key = Key::new("reset-back", [format!("k{i}")]).unwrap();
+            set(t);
+            assert!(store.acquire(&key, old, 5).await.unwrap().allowed, "{name}");
+            set(t - 10 * S);
+            let mut back = 0;
+            for _ in 0..5 {
+                back += u32::from(store.acquire(&key, new, 1).await.unwrap().allowed);
+            }
+            set(t);
+            let mut again = 0;
+            for _ in 0..5 {
+                again += u32::from(store.acquire(&key, new, 1).await.unwrap().allowed);
+            }
+            assert_eq!((back, again), (5, *refilled), "{name}, reset, on {backend}");
         }
-        server.set_time(t);
-        let mut again = 0;
-        for _ in 0..5 {
-            again += u32::from(store.acquire(&key, &new, 1).await.unwrap().allowed);
-        }
-        assert_eq!((back, again), (5, refilled), "{name}, reset, on Redis");
     }
 }

@@ -51,7 +51,33 @@ pub fn muldiv(a: u64, b: u64, c: u64, max: u64) -> u64 {
 
 /// The state that `to` starts from after `rule`, given the state `from` wrote (of the same
 /// algorithm or another). `rule` is never `DeferUntilExpiry` here.
+///
+/// A sliding log keeps its time in its entries, so a log left empty (a `Reset`, nothing used)
+/// would have none: with the clock stepped back behind the old bucket's effective time, its
+/// first entry would be written at the stepped-back time, and live a window from there — the
+/// clock's return would credit a second allowance. So an empty log converted behind that
+/// time holds a marker of cost 0 at it: the decision takes its time from it, and an admission
+/// merges into it (the scripts keep the same time in a local; the record written is the same).
 pub(crate) fn convert(
+    rule: Transition,
+    from: &Algorithm,
+    state: &State,
+    to: &Algorithm,
+    now: u64,
+) -> State {
+    let mut converted = convert_at(rule, from, state, to, now);
+    if let State::SlidingLog(log) = &mut converted
+        && log.entries.is_empty()
+        && let Some(u) = usage(from, state, now)
+        && u.eff > now
+    {
+        log.entries.push_back((u.eff, 0));
+    }
+    converted
+}
+
+/// [`convert`] before an empty log is given its time.
+fn convert_at(
     rule: Transition,
     from: &Algorithm,
     state: &State,
@@ -121,7 +147,7 @@ pub(crate) fn convert(
 }
 
 /// A fresh bucket of `to` at `now`: what a missing bucket decides on (a sliding log keeps no
-/// time when empty).
+/// time when empty: [`convert`] gives it its time).
 fn fresh(to: &Algorithm, now: u64) -> State {
     match to {
         Algorithm::TokenBucket(n) => State::TokenBucket(TokenBucketState {
