@@ -104,6 +104,7 @@ if raw and not cnt then
     -- a record of another algorithm (or a malformed one: a missing bucket)
     local x = slow().cross(raw, now, 2, gen, rule, cost, commit, limit, 1)
     if x and x.over then return struct.pack(REPLY, -1, 0, -1, 0, x.over) end
+    if x and x.reply then return x.reply end
     if x and x.arg then
       arg, raw, force, via = x.arg, x.raw, x.force, true
       break
@@ -113,7 +114,12 @@ if raw and not cnt then
     end
   end
 end
-if cost > glimit then return struct.pack(REPLY, -1, 0, -1, 0, glimit) end
+-- a cost above the governing limit: -1, nothing written (the caller's was checked); under a
+-- deferral (pending or starting), denied until the bucket expires instead
+if cost > glimit then
+  if keep then return slow().until_expiry(raw, now, commit, pe ~= rpe and pe or nil) end
+  return struct.pack(REPLY, -1, 0, -1, 0, glimit)
+end
 
 -- a stored window later than the current one (clock stepped back) stays in force
 local start, count = now - now % gwindow, 0

@@ -187,6 +187,30 @@ local function slow()
     end
     return r
   end
+  -- A cost above the limit of the stored record `raw` (any algorithm; `r`, its h.usage, if
+  -- known) that governs only until its key expires — a deferral pending, or starting with
+  -- this call (`mark`: the pending value to write, else nil) — but within the caller's own
+  -- limit: not refused, since a fresh bucket under the caller's parameters admits it at the
+  -- expiry, but denied until then, with what the stored bucket has left; nothing spent, the
+  -- deferral's mark written on a commit (keeping the expiry), as on any denial of a newer
+  -- caller (tollgate_core's until_expiry; retry and reset 2^52 there, which the store ends at
+  -- the expiry). Returns the reply.
+  function h.until_expiry(raw, now, commit, mark, r)
+    r = r or h.usage(raw, now)
+    local wait = max
+    local at = redis.call('PEXPIRETIME', KEYS[1])
+    if at >= 0 then
+      local gone = (at + 1) * 1000 - now
+      if gone < 0 then gone = 0 end
+      if gone < wait then wait = gone end
+    end
+    if mark and commit == 1 then
+      redis.call('SET', KEYS[1], cmsgpack.pack(r.tag, r.g, mark) .. string.sub(raw, r.skip + 1),
+        'KEEPTTL')
+    end
+    local left = r.total - r.used
+    return struct.pack('<i8i8i8i8i8', 0, (left - left % r.unit) / r.unit, wait, wait, r.params[1])
+  end
   -- A record `raw` of another algorithm than the caller's (tag `mine`), met at `now` by a
   -- caller of generation `gen`, rule, cost and commit, whose limit is `total` units of `unit`
   -- per request. Nothing for a malformed record or one of the caller's own algorithm (a
@@ -206,7 +230,14 @@ local function slow()
     -- the same generation (other parameters: another algorithm) takes over by carry
     if gen == r.g then rule = 1 end
     if gen < r.g or r.pe > gen or rule == 3 then
-      if cost > r.params[1] then return { over = r.params[1] } end
+      if cost > r.params[1] then
+        -- a deferral pending, or starting now (a newer caller's rule 3): until the expiry
+        local start = gen > r.g and r.pe <= gen
+        if r.pe > 0 or start then
+          return { reply = h.until_expiry(raw, now, commit, start and gen + 1 or nil, r) }
+        end
+        return { over = r.params[1] }
+      end
       local out = { raw = raw,
         arg = cmsgpack.pack(r.tag, r.g, 0, unpack(r.params)) .. cmsgpack.pack(1, cost, commit) }
       if gen > r.g and r.pe <= gen then

@@ -135,6 +135,7 @@ elseif raw and not via then
   -- a record of another algorithm (or a malformed one: a missing bucket)
   local x = slow().cross(raw, now, 3, gen, rule, cost, commit, limit, 1)
   if x and x.over then return struct.pack(REPLY, -1, 0, -1, 0, x.over) end
+    if x and x.reply then return x.reply end
   if x and x.arg then
     arg, raw, force, via = x.arg, x.raw, x.force, true
     break
@@ -144,7 +145,12 @@ elseif raw and not via then
   end
   if x and x.eff then floor = x.eff end
 end
-if cost > glimit then return struct.pack(REPLY, -1, 0, -1, 0, glimit) end
+-- a cost above the governing limit: -1, nothing written (the caller's was checked); under a
+-- deferral (pending or starting), denied until the bucket expires instead
+if cost > glimit then
+  if keep then return slow().until_expiry(raw, now, commit, pe ~= sr.pe and pe or nil) end
+  return struct.pack(REPLY, -1, 0, -1, 0, glimit)
+end
 
 local eff = now
 if n > 0 and times[n] > now then eff = times[n] end

@@ -110,8 +110,12 @@ if raw and not stored then
       else
         pe, keep, asis = rpe, rpe > 0, not force
       end
-      -- a cost above the stored capacity: -1, nothing written (the caller's was checked)
-      if cost > rcap then return struct.pack(REPLY, -1, 0, -1, 0, rcap) end
+      -- a cost above the stored capacity: -1, nothing written (the caller's was checked);
+      -- under a deferral (pending or starting), denied until the bucket expires instead
+      if cost > rcap then
+        if keep then return slow().until_expiry(raw, now, commit, pe ~= rpe and pe or nil) end
+        return struct.pack(REPLY, -1, 0, -1, 0, rcap)
+      end
       capacity, unit, rate, max_elapsed, gen, stored, updated =
         rcap, runit, rrate, rmax, rg, rlevel, rupdated
       own = false
@@ -120,6 +124,7 @@ if raw and not stored then
     -- a record of another algorithm (or a malformed one: a missing bucket)
     local x = slow().cross(raw, now, 1, gen, rule, cost, commit, capacity * unit, unit)
     if x and x.over then return struct.pack(REPLY, -1, 0, -1, 0, x.over) end
+    if x and x.reply then return x.reply end
     if x and x.arg then
       arg, raw, force, via = x.arg, x.raw, x.force, true
       break

@@ -91,6 +91,7 @@ macro_rules! conformance_tests {
             equal_generations_with_other_parameters_enforce_one_bound,
             newest_generation_governs_across_algorithms,
             a_deferrals_waits_end_when_its_bucket_expires,
+            a_deferred_raise_denies_what_only_the_new_limit_admits_until_the_expiry,
         }
     };
     (@names () $($case:ident,)*) => {
@@ -1137,6 +1138,73 @@ pub async fn a_deferrals_waits_end_when_its_bucket_expires<H: Harness>(h: &H) {
     expect(h, "at the expiry", &k, &new, 4, allowed(0, SEC)).await;
 }
 
+/// A raise under `DeferUntilExpiry`: the old, smaller parameters govern the live bucket until
+/// its key expires, so a cost above the old limit but within the new one cannot pass before
+/// then, and passes at once after (a fresh bucket under the new parameters). It is denied
+/// until the expiry — under the old limit, with what the old bucket has left, nothing spent —
+/// never refused as invalid input (it was a `CostAboveCapacity`, HTTP 413, for a request the
+/// store admits a moment later; found by a review). An old caller's cost above its own limit
+/// stays invalid.
+pub async fn a_deferred_raise_denies_what_only_the_new_limit_admits_until_the_expiry<H: Harness>(
+    h: &H,
+) {
+    let t = T0 + 80_000 * SEC;
+    let old = tb(4, Rate::per_second(4)).with_generation(1);
+    let new = tb(8, Rate::per_second(8))
+        .with_generation(2)
+        .with_transition(Transition::DeferUntilExpiry);
+    let k = key("defer-raise", "k");
+    h.set_time(t).await;
+    // generation 1 drains the bucket: its key lives through millisecond t/1000 + 1000
+    expect(h, "generation 1 takes 4", &k, &old, 4, allowed(0, SEC)).await;
+    let gone = (t / 1000 + 1000 + 1) * 1000;
+    let now = t + SEC / 2;
+    h.set_time(now).await;
+    // 2 tokens refilled under the old parameters; 6 only the new capacity holds
+    let wait = denied(2, gone - now, gone - now);
+    check(
+        "generation 2 peeks 6",
+        &old,
+        &peek(h, &k, &new, 6).await,
+        wait,
+    );
+    check(
+        "generation 2 asks 6",
+        &old,
+        &acquire(h, &k, &new, 6).await,
+        wait,
+    );
+    // nothing was spent: the old bucket still holds its 2, the deferral governs
+    expect(
+        h,
+        "generation 2 takes 2",
+        &k,
+        &old,
+        2,
+        allowed(0, gone - now),
+    )
+    .await;
+    let dry = denied(0, gone - now, gone - now);
+    check(
+        "generation 2 asks 6 again",
+        &old,
+        &acquire(h, &k, &new, 6).await,
+        dry,
+    );
+    let refused = h.store().acquire(&k, &old, 6).await;
+    assert!(
+        matches!(
+            refused,
+            Err(tollgate_core::StoreError::InvalidPolicy(
+                tollgate_core::PolicyError::CostAboveCapacity { .. }
+            ))
+        ),
+        "generation 1 asks above its own limit: {refused:?}"
+    );
+    h.set_time(gone).await;
+    expect(h, "at the expiry", &k, &new, 6, allowed(2, SEC / 8 * 6)).await;
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1145,6 +1213,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), super::CASES.len());
-        assert_eq!(names.len(), 32);
+        assert_eq!(names.len(), 33);
     }
 }

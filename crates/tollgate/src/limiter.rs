@@ -968,10 +968,11 @@ impl Limiter {
         } else {
             local.acquire_now(key, policy, cost)
         };
-        // A local bucket still governed by older, smaller parameters (a raise under
-        // `DeferUntilExpiry`) refuses a cost, or a peek of the share, above its own limit: the
-        // request is valid under the policy in force, and the local limiter has not failed.
-        // Denied likewise; a peek of 1, which any bucket holds, says what is left.
+        // A local bucket that older, smaller parameters govern for good (a policy shrunk by a
+        // newer generation) refuses a cost, or a peek of the share, above its own limit (under
+        // a deferral it denies it until it expires instead): the request is valid under the
+        // policy in force, and the local limiter has not failed. Denied likewise; a peek of 1,
+        // which any bucket holds, says what is left.
         let local_decision = match local_decision {
             Err(StoreError::InvalidPolicy(PolicyError::CostAboveCapacity { .. })) => {
                 deny_until_shared(local, key, policy, 1, retry)

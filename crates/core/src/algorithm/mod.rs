@@ -27,7 +27,7 @@ pub use transition::muldiv;
 
 use std::time::Duration;
 
-use crate::{Algorithm, Decision, Policy, PolicyError, Transition};
+use crate::{Algorithm, Decision, MAX_EXACT, Policy, PolicyError, Transition};
 
 /// The stored state of one bucket, per algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,7 +226,9 @@ pub fn cap_at_expiry(decision: &mut Decision, now: u64, expires_at_ms: u64) {
 /// rule (a fresh bucket needs a generation bump); a bucket written by a newer generation, or
 /// deferring to one at least as new as `policy`, is decided under its stored algorithm and
 /// parameters. A cost above the governing limit is
-/// [`PolicyError::CostAboveCapacity`] and writes nothing.
+/// [`PolicyError::CostAboveCapacity`] and writes nothing, unless those parameters govern only
+/// until the bucket expires ([`runs_out_at_expiry`]): then it is denied until the expiry
+/// (see `until_expiry`; the store caps the waits with [`cap_at_expiry`]).
 pub fn apply(
     record: &mut Option<Record>,
     policy: &Policy,
@@ -244,6 +246,9 @@ pub fn apply(
     let plan = plan(record.as_ref(), policy, caller, now);
     let max = plan.params.limit();
     if cost > max {
+        if plan.pending.is_some() {
+            return Ok(until_expiry(record, plan, now, commit));
+        }
         return Err(PolicyError::CostAboveCapacity { cost, max });
     }
     let mut state = plan.state;
@@ -269,6 +274,39 @@ pub fn apply(
         keep_expiry: plan.keep_expiry,
         decision: out.decision,
     })
+}
+
+/// The answer to a cost above the limit of parameters that govern the bucket only until it
+/// expires (a [`Transition::DeferUntilExpiry`] pending on it, or starting with this call),
+/// but within the caller's own limit: not invalid input, since a fresh bucket under the
+/// caller's parameters admits it at the expiry, but a denial until then — `retry_after` and
+/// `reset_after` of [`MAX_EXACT`] microseconds, which the store ends at the bucket's expiry
+/// ([`cap_at_expiry`]) — with what the governing bucket has left. Nothing is spent; a
+/// deferral starting with this call is marked on the record (kept expiry), as on any denial
+/// of a newer caller.
+fn until_expiry(record: &mut Option<Record>, plan: Plan, now: u64, commit: bool) -> Outcome {
+    let max = plan.params.limit();
+    let state = plan.state.expect("a deferral governs a stored bucket");
+    let left = transition::usage(&plan.params, &state, now).map_or(max, |u| u.remaining());
+    let write = commit && plan.changed;
+    if write {
+        *record = Some(Record {
+            generation: plan.generation,
+            params: plan.params,
+            pending: plan.pending,
+            state,
+        });
+    }
+    until_expiry_outcome(max, left, write)
+}
+
+/// [`until_expiry`]'s outcome: denied, `left` of `limit`, waits to be ended at the expiry.
+fn until_expiry_outcome(limit: u64, left: u64, wrote: bool) -> Outcome {
+    Outcome {
+        decision: Decision::shared(false, limit, left, Some(MAX_EXACT), MAX_EXACT),
+        ttl_micros: None,
+        keep_expiry: wrote,
+    }
 }
 
 /// Whether [`plan`] would decide on `r` under its own generation, parameters and pending mark,
@@ -300,6 +338,10 @@ fn apply_in_place(
 ) -> Result<Outcome, PolicyError> {
     let max = r.params.limit();
     if cost > max {
+        if r.pending.is_some() {
+            let left = transition::usage(&r.params, &r.state, now).map_or(max, |u| u.remaining());
+            return Ok(until_expiry_outcome(max, left, false));
+        }
         return Err(PolicyError::CostAboveCapacity { cost, max });
     }
     // Each algorithm changes its state only when it returns a TTL (a commit that writes).

@@ -925,7 +925,22 @@ fn run_mixed(old: Policy, new: Policy, rule: Transition, start: u64, ops: &[(Op,
             prop_assert_eq!(after.generation, 2);
         }
         let met_old = before.as_ref().is_some_and(|r| r.generation == 1);
-        if met_old && rule == Transition::DeferUntilExpiry {
+        if met_old && rule == Transition::DeferUntilExpiry && cost > governing_limit {
+            // only generation 2's limit admits it: denied until the bucket expires
+            prop_assert!(!out.decision.allowed, "{:?}", out.decision);
+            prop_assert_eq!(out.decision.limit, governing_limit);
+            prop_assert_eq!(
+                out.decision.retry_after,
+                Some(Duration::from_micros(crate::MAX_EXACT)),
+                "waits for the expiry (the store caps it there)"
+            );
+            prop_assert_eq!(after.generation, 1);
+            prop_assert!(
+                out.ttl_micros.is_none(),
+                "a deferring write moved the expiry"
+            );
+            prop_assert_eq!(sim.expires_at_ms, expires_before);
+        } else if met_old && rule == Transition::DeferUntilExpiry {
             prop_assert_eq!(
                 Some(&out.decision),
                 as_old.as_ref().map(|o| &o.decision),
@@ -1134,6 +1149,33 @@ mod frozen {
         let plan = plan(record.as_ref(), policy, caller, now);
         let max = plan.params.limit();
         if cost > max {
+            // (Changed since the copy, in both: a cost above the limit of a bucket that
+            // governs until its expiry, within the caller's own, is denied until then.)
+            if plan.pending.is_some() {
+                let state = plan.state.expect("a deferral governs a stored bucket");
+                let left =
+                    transition::usage(&plan.params, &state, now).map_or(max, |u| u.remaining());
+                let write = commit && plan.changed;
+                if write {
+                    *record = Some(Record {
+                        generation: plan.generation,
+                        params: plan.params,
+                        pending: plan.pending,
+                        state,
+                    });
+                }
+                return Ok(Outcome {
+                    decision: Decision::shared(
+                        false,
+                        max,
+                        left,
+                        Some(crate::MAX_EXACT),
+                        crate::MAX_EXACT,
+                    ),
+                    ttl_micros: None,
+                    keep_expiry: write,
+                });
+            }
             return Err(PolicyError::CostAboveCapacity { cost, max });
         }
         let mut state = plan.state;

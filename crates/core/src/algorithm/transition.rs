@@ -164,7 +164,7 @@ fn fresh(to: &Algorithm, now: u64) -> State {
 
 /// What a bucket has used at `max(now, its stored time)`, under its own parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Usage {
+pub(crate) struct Usage {
     /// `max(now, the stored time)`: a token bucket's `updated`, a fixed window's start, a
     /// sliding log's newest entry.
     eff: u64,
@@ -177,7 +177,14 @@ struct Usage {
     unit: u64,
 }
 
-fn usage(from: &Algorithm, state: &State, now: u64) -> Option<Usage> {
+impl Usage {
+    /// Whole requests still available (what a decision's `remaining` says).
+    pub(crate) fn remaining(&self) -> u64 {
+        (self.total - self.used) / self.unit
+    }
+}
+
+pub(crate) fn usage(from: &Algorithm, state: &State, now: u64) -> Option<Usage> {
     Some(match (from, state) {
         (Algorithm::TokenBucket(o), State::TokenBucket(s)) => {
             let eff = now.max(s.updated);
