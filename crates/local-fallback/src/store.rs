@@ -56,6 +56,16 @@ pub const SWEEP_GAP_MS: u64 = 100;
 /// still full the new key is refused with [`StoreError::KeyCapReached`], while keys already
 /// held keep working.
 ///
+/// A token bucket or fixed window is held in a compact form (a 32-byte map entry with its
+/// key) whose generation and parameters are interned once per store, for the first 64
+/// distinct (generation, parameters) pairs the store meets; the table is never emptied, so a
+/// bucket of a later pair is held in the full form (measured by a review: 54 bytes per new key
+/// on a fresh store, 182 once 64 generations had been seen) and takes the general path, which
+/// decides alike. A store that follows a registry publishing a new generation every minute
+/// reaches that within the hour: give such a process a new store now and then, or publish less
+/// often. Reclaiming entries no bucket refers to needs a scan that sees every bucket, lent ones
+/// included, while no writer holds an index it read before: not done.
+///
 /// ```
 /// use std::time::Duration;
 /// use tollgate_core::{Key, ManualClock, Policy};
