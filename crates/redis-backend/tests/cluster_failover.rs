@@ -1,0 +1,186 @@
+//! A Redis Cluster losing a node, against a store built on it: a primary killed and its
+//! replica promoted by the cluster, and a primary restarted on its port with its data and
+//! script cache lost. The store decides that node's keys again within a bound, and every
+//! failure on the way is an outage (class unavailable: the failure mode applies), never a
+//! script error (NOSCRIPT absorbed). Written from a review's probes (they passed: these pin
+//! it). Loopback only, every wait bounded.
+
+use std::time::{Duration, Instant};
+
+use tollgate_core::{ErrorClass, Key, Policy, Rate, Store, StoreError};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::cluster::RedisCluster;
+use tollgate_testkit::server::RedisServer;
+use tollgate_testkit::wait::until;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn admin(server: &RedisServer) -> redis::Connection {
+    let c = server
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    c
+}
+
+fn info(server: &RedisServer, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
+        .query(&mut admin(server))
+        .unwrap_or_default()
+}
+
+/// Whether `server` answers `CLUSTER INFO` with the cluster's state ok.
+fn cluster_ok(server: &RedisServer) -> bool {
+    server
+        .client()
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()
+        .and_then(|mut c| {
+            redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query::<String>(&mut c)
+                .ok()
+        })
+        .is_some_and(|s| s.contains("cluster_state:ok"))
+}
+
+/// `n` keys whose buckets live on node `node`.
+fn keys_on(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    policy: &Policy,
+    node: usize,
+    n: usize,
+) -> Vec<Key> {
+    (0..)
+        .map(|i| Key::new("failover", [format!("k{i}")]).unwrap())
+        .filter(|k| cluster.nodes_for_keys([store.redis_key(k, policy)])[0] == node)
+        .take(n)
+        .collect()
+}
+
+/// A store on `cluster` whose calls time out after 500 ms.
+async fn store(cluster: &RedisCluster) -> RedisStore {
+    RedisStore::cluster(cluster.urls())
+        .timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Calls `acquire` on each of `keys` every 20 ms until it is decided, at most 10 s each,
+/// asserting every failure on the way is an outage; the failures seen.
+async fn decided_again(store: &RedisStore, keys: &[Key], policy: &Policy) -> Vec<StoreError> {
+    let mut failures = Vec::new();
+    for k in keys {
+        let started = Instant::now();
+        loop {
+            match store.acquire(k, policy, 1).await {
+                Ok(d) => {
+                    assert!(d.allowed, "{k}: {d:?}");
+                    break;
+                }
+                Err(e) => failures.push(e),
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{k} never decided again; failures: {failures:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let bugs: Vec<_> = failures
+        .iter()
+        .filter(|e| e.class() != ErrorClass::Unavailable)
+        .collect();
+    assert!(bugs.is_empty(), "failures other than outages: {bugs:?}");
+    failures
+}
+
+/// A primary killed and restarted on its port (its `nodes.conf` kept; data and script cache
+/// lost): once the cluster is ok again the store decides that node's keys again.
+#[tokio::test]
+async fn a_restarted_primary_is_used_again_and_never_a_script_error() {
+    let mut cluster = RedisCluster::start(3);
+    let store = store(&cluster).await;
+    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
+    let keys = keys_on(&cluster, &store, &policy, 0, 4);
+    for k in &keys {
+        store.acquire(k, &policy, 1).await.unwrap();
+    }
+    cluster.node_mut(0).kill();
+    cluster.node_mut(0).restart();
+    until(Duration::from_secs(20), "the cluster ok again", || {
+        cluster.nodes().iter().all(cluster_ok)
+    });
+    let failures = decided_again(&store, &keys, &policy).await;
+    eprintln!("{} outage failures on the way", failures.len());
+}
+
+/// A primary with a replica is killed and the cluster promotes the replica: the store follows
+/// the promotion for that primary's keys, which keep what was spent before the kill.
+#[tokio::test]
+async fn a_promoted_replica_is_followed() {
+    let mut cluster = RedisCluster::start(3);
+    let replica = RedisCluster::empty_node();
+    cluster.join(&replica, replica.port());
+    let () = redis::cmd("CLUSTER")
+        .arg("REPLICATE")
+        .arg(cluster.node_id(0))
+        .query(&mut admin(&replica))
+        .unwrap();
+    until(Duration::from_secs(20), "the replica in sync", || {
+        info(&replica, "replication").contains("master_link_status:up")
+    });
+    let tag = format!(":{}@", replica.port());
+    until(
+        Duration::from_secs(20),
+        "every node knows the replica",
+        || {
+            cluster.nodes().iter().all(|n| {
+                redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query::<String>(&mut admin(n))
+                    .is_ok_and(|nodes| {
+                        nodes
+                            .lines()
+                            .any(|l| l.contains(&tag) && l.contains("slave"))
+                    })
+            })
+        },
+    );
+    let store = store(&cluster).await;
+    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
+    let keys = keys_on(&cluster, &store, &policy, 0, 4);
+    for k in &keys {
+        assert_eq!(store.acquire(k, &policy, 10).await.unwrap().remaining, 90);
+    }
+    // every write on the replica before the kill
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query(&mut admin(&cluster.nodes()[0]))
+        .unwrap();
+    assert_eq!(acked, 1, "the replica acknowledged the writes");
+    cluster.node_mut(0).kill();
+    until(Duration::from_secs(30), "the replica promoted", || {
+        info(&replica, "replication").contains("role:master")
+    });
+    until(Duration::from_secs(20), "the cluster ok again", || {
+        cluster.nodes()[1..]
+            .iter()
+            .chain([&replica])
+            .all(cluster_ok)
+    });
+    decided_again(&store, &keys, &policy).await;
+    for k in &keys {
+        let d = store.peek(k, &policy, 1).await.unwrap();
+        assert_eq!(
+            d.remaining, 88,
+            "{k}: spent 10 and 1 kept across the promotion: {d:?}"
+        );
+    }
+}
