@@ -856,8 +856,8 @@ impl Limiter {
     /// The answer to a store error (the breaker already settled), under `active`, the policy
     /// the call started with.
     /// `batch`: within a batch, per class of failure, the first one's message and their
-    /// count, for one warning per class after the batch (a key-cap refusal's is thinned, an
-    /// outage's is not: one class must not label or hide the other); `None` warns now.
+    /// count, for one warning per class after the batch (each class thinned on its own: one
+    /// class must not label or hide the other); `None` warns now.
     fn on_store_error(
         &self,
         active: &Active,
