@@ -1484,10 +1484,7 @@ async fn follow_redirects(
 }
 
 /// A client for `node` with `like`'s settings (credentials, protocol, TLS).
-pub(crate) fn client_at(
-    like: &redis::ConnectionInfo,
-    node: &(String, u16),
-) -> RedisResult<redis::Client> {
+fn client_at(like: &redis::ConnectionInfo, node: &(String, u16)) -> RedisResult<redis::Client> {
     let addr = match like.addr() {
         redis::ConnectionAddr::TcpTls {
             insecure,
@@ -1502,23 +1499,6 @@ pub(crate) fn client_at(
         _ => redis::ConnectionAddr::Tcp(node.0.clone(), node.1),
     };
     redis::Client::open(like.clone().set_addr(addr))
-}
-
-/// The node a `MOVED` error points to (not `ASK`: a slot in migration), with the host of
-/// `sent_to` where the error names only a port ([`redirect_target`]).
-pub(crate) fn moved_target(
-    err: &RedisError,
-    sent_to: &redis::ConnectionInfo,
-) -> Option<(String, u16)> {
-    if err.kind() != ErrorKind::Server(ServerErrorKind::Moved) {
-        return None;
-    }
-    redirect_target(err, || match sent_to.addr() {
-        redis::ConnectionAddr::Tcp(host, _) | redis::ConnectionAddr::TcpTls { host, .. } => {
-            Some(host.clone())
-        }
-        _ => None,
-    })
 }
 
 /// The node a `MOVED` or `ASK` error points to. A node with an unknown endpoint

@@ -90,13 +90,50 @@ pub enum Published {
 /// succeeds. Over RESP2 the first call after such a close fails as unavailable.
 #[derive(Clone)]
 pub struct RedisRegistry {
-    /// The server the registry's commands go to: the URL's, or the Cluster node a `MOVED`
-    /// pointed to since.
-    client: Arc<ArcSwap<redis::Client>>,
+    /// The URL's server (subscriptions go there; on a Cluster, publications reach every node).
+    client: redis::Client,
     config: ConnectionManagerConfig,
-    conn: Arc<ArcSwap<ConnectionManager>>,
+    conn: Arc<ArcSwap<RegistryConn>>,
     key: String,
     timeout: Duration,
+}
+
+/// The connection the registry's commands go over: to the URL's server, or — once that server
+/// answered `MOVED` or `ASK`, a Redis Cluster node — a cluster connection seeded with it, which
+/// follows the hash's slot through redirections, migrations and failovers as the cluster
+/// reports them.
+#[derive(Clone)]
+enum RegistryConn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for RegistryConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 impl fmt::Debug for RedisRegistry {
@@ -177,9 +214,10 @@ impl RedisRegistry {
     /// refused here too, before anything is sent: [`RegistryError::Store`] with
     /// [`StoreError::InvalidKey`].
     ///
-    /// On a Redis Cluster, give it any node's URL: the registry's hash lives in one slot, and a
-    /// `MOVED` points its commands at that slot's primary from then on (also after the slot
-    /// moves); subscriptions hear publications on any node. Under Sentinel it talks to the
+    /// On a Redis Cluster, give it any node's URL: the registry's hash lives in one slot, and
+    /// the first redirection (`MOVED`, `ASK`) moves its commands to a cluster connection seeded
+    /// with that node, which follows the slot through migrations and failovers; subscriptions
+    /// stay on the URL's node and hear publications made on any. Under Sentinel it talks to the
     /// URL's server only: give it the primary's, and after a failover a new one (a demoted
     /// primary refuses publications as `READONLY`).
     pub async fn connect(
@@ -204,17 +242,17 @@ impl RedisRegistry {
         .map_err(|_| StoreError::Timeout(timeout))?
         .map_err(|e| classify(&e))?;
         Ok(Self {
-            client: Arc::new(ArcSwap::from_pointee(client)),
+            client,
             config,
-            conn: Arc::new(ArcSwap::from_pointee(conn)),
+            conn: Arc::new(ArcSwap::from_pointee(RegistryConn::Single(conn))),
             key: format!("{prefix}registry"),
             timeout,
         })
     }
 
     /// The shared connection.
-    fn conn(&self) -> ConnectionManager {
-        ConnectionManager::clone(&self.conn.load())
+    fn conn(&self) -> RegistryConn {
+        RegistryConn::clone(&self.conn.load())
     }
 
     /// The deadline of every call.
@@ -238,11 +276,13 @@ impl RedisRegistry {
             Err(_) => StoreError::Timeout(self.timeout),
         };
         // Silence (the connection's own response timeout, or the deadline): the next call
-        // goes over a new connection, made when first used (the settings made the first one,
-        // so they make this one).
-        let client = redis::Client::clone(&self.client.load());
-        if let Ok(fresh) = ConnectionManager::new_lazy_with_config(client, self.config.clone()) {
-            self.conn.store(Arc::new(fresh));
+        // goes over a new connection to the URL's server, made when first used (the settings
+        // made the first one, so they make this one; on a Cluster its redirection makes a
+        // cluster connection afresh).
+        if let Ok(fresh) =
+            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+        {
+            self.conn.store(Arc::new(RegistryConn::Single(fresh)));
         }
         Err(RegistryError::Store(error))
     }
@@ -253,41 +293,40 @@ impl RedisRegistry {
     /// finds its connection dropped (the server closed it while idle, and the close had not
     /// been heard when the command went out) is sent once more, within the same deadline, on
     /// the connection the manager makes in its place.
-    async fn call<T, F>(&self, run: impl Fn(ConnectionManager) -> F) -> Result<T, RegistryError>
+    async fn call<T, F>(&self, run: impl Fn(RegistryConn) -> F) -> Result<T, RegistryError>
     where
         F: Future<Output = redis::RedisResult<T>>,
     {
         self.deadline(async {
             match run(self.conn()).await {
                 Err(e) if e.is_connection_dropped() => run(self.conn()).await,
-                Err(e) if self.follow_moved(&e) => run(self.conn()).await,
+                Err(e) if e.redirect_node().is_some() => match self.to_cluster().await {
+                    Ok(()) => run(self.conn()).await,
+                    Err(_) => Err(e),
+                },
                 other => other,
             }
         })
         .await
     }
 
-    /// On a Redis Cluster the registry's hash lives in one slot, on one primary: a `MOVED`
-    /// (the URL is another node's, or the slot has moved since) points the registry's commands
-    /// at that node from now on (the same credentials, protocol and TLS), and the command is
-    /// sent there. Whether it did. Publications reach subscribers on any node (Redis
-    /// broadcasts `PUBLISH` over the cluster bus), so the subscription stays where it is.
-    fn follow_moved(&self, error: &redis::RedisError) -> bool {
-        let current = self.client.load();
-        let Some(node) = crate::connection::moved_target(error, current.get_connection_info())
-        else {
-            return false;
-        };
-        let Ok(client) = crate::connection::client_at(current.get_connection_info(), &node) else {
-            return false;
-        };
-        let Ok(conn) = ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone())
-        else {
-            return false;
-        };
-        self.client.store(Arc::new(client));
-        self.conn.store(Arc::new(conn));
-        true
+    /// The URL's server answered `MOVED` or `ASK`: it is a Redis Cluster node, and the
+    /// registry's hash lives in one slot, wherever the cluster puts it. From now on the
+    /// registry's commands go over a cluster connection seeded with the URL's node (its
+    /// credentials, protocol and TLS), which follows redirections, slot migrations and
+    /// failovers; subscriptions stay on the URL's node (Redis broadcasts `PUBLISH` over the
+    /// cluster bus).
+    async fn to_cluster(&self) -> redis::RedisResult<()> {
+        let info = self.client.get_connection_info().clone();
+        let protocol = info.redis_settings().protocol();
+        let client = redis::cluster::ClusterClient::builder([info])
+            .use_protocol(protocol)
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            .build()?;
+        let conn = client.get_async_connection().await?;
+        self.conn.store(Arc::new(RegistryConn::Cluster(conn)));
+        Ok(())
     }
 
     /// `cmd` on the shared connection, as [`RedisRegistry::call`] runs it.
@@ -382,8 +421,7 @@ impl RedisRegistry {
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy
     /// published from now on (and each reset announced), until its connection drops.
     pub async fn subscribe(&self) -> Result<Subscription, RegistryError> {
-        let client = redis::Client::clone(&self.client.load());
-        let pubsub = self.deadline(client.get_async_pubsub()).await?;
+        let pubsub = self.deadline(self.client.get_async_pubsub()).await?;
         let (mut sink, stream) = pubsub.split();
         self.deadline(sink.subscribe(&self.key)).await?;
         Ok(Subscription {

@@ -908,3 +908,103 @@ async fn the_policy_registry_follows_its_slot_on_a_cluster() {
         assert_eq!(r.get("api").await.unwrap(), Some(policy(next)));
     }
 }
+
+/// Generation `g` of the policy the registry tests publish.
+fn registry_policy(g: u64) -> Policy {
+    Policy::fixed_window(10 + g, Duration::from_secs(60))
+        .unwrap()
+        .with_generation(g)
+        .with_transition(tollgate_core::Transition::Carry)
+}
+
+/// While the registry's slot is being migrated and its hash has already moved to the target
+/// (the `ASK` window, until the operator's `SETSLOT NODE`), the registry reads and publishes:
+/// it failed every call with "key moved (ask)" when it followed only `MOVED` (found by a
+/// review).
+#[tokio::test]
+async fn the_policy_registry_answers_while_its_slot_is_migrating() {
+    let cluster = RedisCluster::start(3);
+    let timeout = Duration::from_secs(2);
+    let urls = cluster.urls();
+    let registry = tollgate_redis::RedisRegistry::connect(&urls[0], "tollgate:", timeout)
+        .await
+        .unwrap();
+    assert!(matches!(
+        registry.publish("api", &registry_policy(1)).await,
+        Ok(tollgate_redis::Published::Stored)
+    ));
+    let slot = RedisCluster::slot_of(registry.key());
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    // the hash moves to the target; the slot is still the source's (ASK window)
+    let mut migration = cluster.begin_slot_migration(slot, from, to, 10);
+    assert_eq!(migration.keys_moved(), 1, "the registry's hash moved");
+    let got = registry.get("api").await;
+    let published = registry.publish("api", &registry_policy(2)).await;
+    migration.move_keys(10);
+    migration.finish();
+    assert_eq!(
+        got.as_ref().ok(),
+        Some(&Some(registry_policy(1))),
+        "get during the migration: {got:?}"
+    );
+    assert!(
+        matches!(published, Ok(tollgate_redis::Published::Stored)),
+        "publish during the migration: {published:?}"
+    );
+}
+
+/// A registry that was redirected to the slot's owner goes on working once that node is gone
+/// (its slot moved away, the node killed): it stayed on the dead node for good, failing every
+/// call, when it followed a `MOVED` by re-pointing its one connection (found by a review).
+#[tokio::test]
+async fn the_policy_registry_recovers_when_the_node_it_was_redirected_to_is_gone() {
+    let mut cluster = RedisCluster::start(3);
+    // the surviving nodes keep serving their slots while one is down
+    for node in cluster.nodes() {
+        let mut conn = node.client().get_connection().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut conn)
+            .unwrap();
+    }
+    let timeout = Duration::from_secs(2);
+    let urls = cluster.urls();
+    let probe = tollgate_redis::RedisRegistry::connect(&urls[0], "tollgate:", timeout)
+        .await
+        .unwrap();
+    let slot = RedisCluster::slot_of(probe.key());
+    let owner = cluster.node_for_slot(slot);
+    let home = (owner + 1) % 3; // the URL the registry is given: not the slot's owner
+    let next = (owner + 2) % 3; // where the slot moves
+    let registry = tollgate_redis::RedisRegistry::connect(&urls[home], "tollgate:", timeout)
+        .await
+        .unwrap();
+    assert!(matches!(
+        registry.publish("api", &registry_policy(1)).await,
+        Ok(tollgate_redis::Published::Stored)
+    ));
+    // the slot moves away from the owner, which is then taken out of service
+    cluster.migrate_slot(slot, owner, next);
+    cluster.node_mut(owner).kill();
+    // a registry made now from the same URL works
+    let fresh = tollgate_redis::RedisRegistry::connect(&urls[home], "tollgate:", timeout)
+        .await
+        .unwrap();
+    assert_eq!(fresh.get("api").await.unwrap(), Some(registry_policy(1)));
+    // the long-lived one does not, however often it is asked
+    let mut last = None;
+    for _ in 0..5 {
+        last = Some(registry.get("api").await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let last = last.unwrap();
+    assert_eq!(
+        last.as_ref().ok(),
+        Some(&Some(registry_policy(1))),
+        "the registry given {} after its followed node went: {last:?}",
+        urls[home]
+    );
+}
