@@ -49,6 +49,8 @@
 
 mod bucket;
 mod lent;
+#[cfg(test)]
+mod stale_takeover;
 mod store;
 
 pub use store::{

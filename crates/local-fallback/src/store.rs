@@ -326,7 +326,9 @@ impl<C: Clock> LocalStore<C> {
         // alone. A call that read its time before another call on the same key decided may
         // then decide after it with an older time: the maths treats that as a clock a little
         // behind the bucket's (the effective time is `max(now, stored time)`), never crediting
-        // time twice, and retry/reset stay exact on the caller's clock.
+        // time twice, and retry/reset stay exact on the caller's clock. That holds while the
+        // bucket is there; a call that finds it gone reads its time again under the lock
+        // (`acquire_new`, `apply_lending`).
         let now = self.clock.now_micros();
         // A key short enough for the slot table: a token bucket's call first tries its slot
         // (`unit` > 0); any call may find its bucket lent there, or lend it.
@@ -400,6 +402,15 @@ impl<C: Clock> LocalStore<C> {
         // A lent bucket was not the caller's to try: taken back, it may be.
         let tried_fast = tried_fast && !bucket.is_lent();
         self.settle(key, bucket);
+        // A bucket gone since this call read its time (its slot taken over by another key,
+        // which may happen once it expired, at that call's later time) is decided at a time
+        // read now, under the shard's lock: a fresh bucket at the older time would credit
+        // the refill up to the expiry twice (as in `acquire_new`).
+        let now = if bucket.holds_record() {
+            now
+        } else {
+            now.max(self.clock.now_micros())
+        };
         // Lent, if worth it, when `lending` drops: after the decision is in the caller's
         // hands. Returned through a copy instead, the decision costs a store-forwarding stall
         // (half of this function's time over 1,000 keys, perf).
@@ -452,7 +463,12 @@ impl<C: Clock> LocalStore<C> {
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
-                    // decision wrote a state (with its expiry).
+                    // decision wrote a state (with its expiry). Its time is read again here,
+                    // under the shard's lock: the bucket may have been removed (swept, or
+                    // dropped as expired by a peek) since this call read its time, by a call
+                    // at a later time than that, past its expiry; a fresh bucket at the older
+                    // time would credit the refill up to the expiry twice.
+                    let now = now.max(self.clock.now_micros());
                     let mut bucket = Bucket::missing();
                     let decision = bucket.apply(&self.params, policy, now, cost)?;
                     if !bucket.holds_record() {

@@ -1,0 +1,119 @@
+//! A lent bucket's slot taken over by another key while a call on it waits between its clock
+//! read and its decision: the call finds its bucket gone and decides at a time read again
+//! under the lock, never a fresh bucket at its older time (which credited the refill up to
+//! the expiry twice: 3 admissions in 15 ms at capacity 1 and a token per 10 ms, found by a
+//! review). The sweep and peek cases are in `tests/stale_clock.rs`.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tollgate_core::{Clock, Key, ManualClock, Policy, Rate};
+
+use crate::LocalStore;
+use crate::lent::SlotKey;
+
+const T: u64 = 1_700_000_000_000_000;
+const MS: u64 = 1_000;
+
+fn slot_of(k: &Key) -> Option<String> {
+    SlotKey::new(k.as_str().as_bytes()).map(|s| {
+        let shown = format!("{s:?}");
+        let at = shown.find("slot: ").unwrap() + 6;
+        shown[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .to_owned()
+    })
+}
+
+/// `n` keys named `{prefix}{i}` that share one slot.
+fn sharing(prefix: &str, n: usize) -> Vec<Key> {
+    let first = Key::new("rv", [format!("{prefix}0")]).unwrap();
+    let slot = slot_of(&first);
+    std::iter::once(first)
+        .chain(
+            (1..)
+                .map(|i| Key::new("rv", [format!("{prefix}{i}")]).unwrap())
+                .filter(|k| slot_of(k) == slot),
+        )
+        .take(n)
+        .collect()
+}
+
+fn is_lent<C: Clock>(store: &LocalStore<C>, key: &Key) -> bool {
+    SlotKey::new(key.as_str().as_bytes()).is_some_and(|k| store.lent.read(k).is_some())
+}
+
+/// A clock that, for the thread named "stalled", blocks right after reading its time until
+/// released (a preemption between the clock read and the shard's lock).
+#[derive(Clone)]
+struct StallClock {
+    inner: ManualClock,
+    gate: Arc<(Mutex<u8>, Condvar)>,
+}
+
+impl Clock for StallClock {
+    fn now_micros(&self) -> u64 {
+        let now = self.inner.now_micros();
+        if std::thread::current().name() == Some("stalled") {
+            let (m, c) = &*self.gate;
+            let mut g = m.lock().unwrap();
+            if *g == 0 {
+                *g = 1;
+                c.notify_all();
+                while *g != 2 {
+                    g = c.wait(g).unwrap();
+                }
+            }
+        }
+        now
+    }
+}
+
+/// Another key taking a lent bucket's slot over (its state expired at T+10 ms by the clock
+/// of the taker, T+11 ms) while a call on the first key that read T+5 ms waits: that call
+/// finds its slot holding the other key, its bucket missing. It was admitted on a full bucket
+/// at T+5 ms and a call at T+15 ms again (3 where capacity 1 at one token per 10 ms allows 2);
+/// decided at the time it reads under the lock, the call at T+15 ms is denied.
+#[test]
+#[allow(clippy::many_single_char_names)] // the clock's gate (m, c, g), the keys, the policy
+fn a_slot_taken_over_between_a_calls_clock_read_and_its_decision_credits_nothing_twice() {
+    let keys = sharing("take", 2);
+    let (k1, k2) = (&keys[0], &keys[1]);
+    let clock = StallClock {
+        inner: ManualClock::new(T),
+        gate: Arc::new((Mutex::new(0), Condvar::new())),
+    };
+    let store = LocalStore::builder().clock(clock.clone()).build();
+    let p = Policy::token_bucket(1, Rate::new(1, Duration::from_millis(10))).unwrap();
+    let mut got = vec![(0, store.acquire_now(k1, &p, 1).unwrap().allowed)];
+    assert!(is_lent(&store, k1), "dry: lent");
+    let stalled = std::thread::scope(|s| {
+        clock.inner.set(T + 5 * MS);
+        let h = std::thread::Builder::new()
+            .name("stalled".into())
+            .spawn_scoped(s, || store.acquire_now(k1, &p, 1).unwrap().allowed)
+            .unwrap();
+        let (m, c) = &*clock.gate;
+        let mut g = m.lock().unwrap();
+        while *g != 1 {
+            g = c.wait(g).unwrap();
+        }
+        drop(g);
+        clock.inner.set(T + 11 * MS);
+        assert!(store.acquire_now(k2, &p, 1).unwrap().allowed);
+        assert!(
+            is_lent(&store, k2) && !is_lent(&store, k1),
+            "k2 took the slot over"
+        );
+        *m.lock().unwrap() = 2;
+        c.notify_all();
+        h.join().unwrap()
+    });
+    got.push((5, stalled));
+    clock.inner.set(T + 15 * MS);
+    got.push((15, store.acquire_now(k1, &p, 1).unwrap().allowed));
+    // decided at T+11 ms (read under the lock): a fresh bucket there, dry until T+21 ms
+    assert_eq!(got, vec![(0, true), (5, true), (15, false)], "takeover");
+}
