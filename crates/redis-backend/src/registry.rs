@@ -207,6 +207,27 @@ fn parse_entry(name: &str, value: &[u8]) -> Result<Policy, RegistryError> {
     Ok(policy)
 }
 
+/// Whether a `HELLO` reply (a map over RESP3, a flat list over RESP2) has `mode` `cluster`.
+fn says_cluster(reply: &Value) -> bool {
+    fn text(v: &Value) -> Option<&[u8]> {
+        match v {
+            Value::BulkString(b) => Some(b.as_slice()),
+            Value::SimpleString(s) => Some(s.as_bytes()),
+            _ => None,
+        }
+    }
+    let is_mode = |k: &Value, v: &Value| {
+        text(k) == Some(b"mode".as_slice()) && text(v) == Some(b"cluster".as_slice())
+    };
+    match reply {
+        Value::Map(pairs) => pairs.iter().any(|(k, v)| is_mode(k, v)),
+        Value::Array(items) => items
+            .chunks(2)
+            .any(|kv| kv.len() == 2 && is_mode(&kv[0], &kv[1])),
+        _ => false,
+    }
+}
+
 impl RedisRegistry {
     /// Connects to the registry at `url` under the key prefix `prefix` (the store's prefix,
     /// e.g. [`crate::DEFAULT_PREFIX`]); every call has the deadline `timeout`. A prefix the
@@ -214,10 +235,10 @@ impl RedisRegistry {
     /// refused here too, before anything is sent: [`RegistryError::Store`] with
     /// [`StoreError::InvalidKey`].
     ///
-    /// On a Redis Cluster, give it any node's URL: the registry's hash lives in one slot, and
-    /// the first redirection (`MOVED`, `ASK`) moves its commands to a cluster connection seeded
-    /// with that node, which follows the slot through migrations and failovers; subscriptions
-    /// stay on the URL's node and hear publications made on any. Under Sentinel it talks to the
+    /// On a Redis Cluster, give it any node's URL: the node says it is one (`HELLO`), and the
+    /// registry's commands go over a cluster connection seeded with it, which follows the
+    /// hash's slot through migrations and failovers; subscriptions stay on the URL's node and
+    /// hear publications made on any. Under Sentinel it talks to the
     /// URL's server only: give it the primary's, and after a failover a new one (a demoted
     /// primary refuses publications as `READONLY`).
     pub async fn connect(
@@ -241,13 +262,31 @@ impl RedisRegistry {
         .await
         .map_err(|_| StoreError::Timeout(timeout))?
         .map_err(|e| classify(&e))?;
-        Ok(Self {
+        // A Redis Cluster node (`HELLO`'s `mode`, which every user may ask) gets a cluster
+        // connection at once: the node owning the hash's slot sends no redirection, and its
+        // failover would otherwise not be followed. A server that does not say keeps the plain
+        // connection, and a redirection still switches it (`call`).
+        let mut hello = conn.clone();
+        let clustered = tokio::time::timeout(
+            timeout,
+            redis::cmd("HELLO").query_async::<Value>(&mut hello),
+        )
+        .await
+        .is_ok_and(|reply| reply.is_ok_and(|v| says_cluster(&v)));
+        let registry = Self {
             client,
             config,
             conn: Arc::new(ArcSwap::from_pointee(RegistryConn::Single(conn))),
             key: format!("{prefix}registry"),
             timeout,
-        })
+        };
+        if clustered {
+            tokio::time::timeout(timeout, registry.to_cluster())
+                .await
+                .map_err(|_| StoreError::Timeout(timeout))?
+                .map_err(|e| classify(&e))?;
+        }
+        Ok(registry)
     }
 
     /// The shared connection.
@@ -276,13 +315,21 @@ impl RedisRegistry {
             Err(_) => StoreError::Timeout(self.timeout),
         };
         // Silence (the connection's own response timeout, or the deadline): the next call
-        // goes over a new connection to the URL's server, made when first used (the settings
-        // made the first one, so they make this one; on a Cluster its redirection makes a
-        // cluster connection afresh).
-        if let Ok(fresh) =
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-        {
-            self.conn.store(Arc::new(RegistryConn::Single(fresh)));
+        // goes over a new connection, to the URL's server made when first used (the settings
+        // made the first one, so they make this one), or on a Cluster a new cluster connection
+        // seeded with it (kept only if made within the deadline; the old one stays otherwise).
+        match *self.conn.load_full() {
+            RegistryConn::Cluster(_) => {
+                let _ = tokio::time::timeout(self.timeout, self.to_cluster()).await;
+            }
+            RegistryConn::Single(_) => {
+                if let Ok(fresh) = ConnectionManager::new_lazy_with_config(
+                    self.client.clone(),
+                    self.config.clone(),
+                ) {
+                    self.conn.store(Arc::new(RegistryConn::Single(fresh)));
+                }
+            }
         }
         Err(RegistryError::Store(error))
     }

@@ -3,12 +3,12 @@
 //! script cache lost. The store decides that node's keys again within a bound, and every
 //! failure on the way is an outage (class unavailable: the failure mode applies), never a
 //! script error (NOSCRIPT absorbed). Written from a review's probes (they passed: these pin
-//! it). Loopback only, every wait bounded.
+//! it). And the policy registry on a Cluster losing nodes. Loopback only, every wait bounded.
 
 use std::time::{Duration, Instant};
 
 use tollgate_core::{ErrorClass, Key, Policy, Rate, Store, StoreError};
-use tollgate_redis::RedisStore;
+use tollgate_redis::{Published, RedisRegistry, RedisStore};
 use tollgate_testkit::cluster::RedisCluster;
 use tollgate_testkit::server::RedisServer;
 use tollgate_testkit::wait::until;
@@ -183,4 +183,174 @@ async fn a_promoted_replica_is_followed() {
             "{k}: spent 10 and 1 kept across the promotion: {d:?}"
         );
     }
+}
+
+/// Generation `g` of the policy the registry tests publish.
+fn registry_policy(g: u64) -> Policy {
+    Policy::fixed_window(10 + g, Duration::from_secs(60))
+        .unwrap()
+        .with_generation(g)
+        .with_transition(tollgate_core::Transition::Carry)
+}
+
+/// Every node keeps serving its slots while another is down.
+fn partial_coverage(cluster: &RedisCluster) {
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut admin(node))
+            .unwrap();
+    }
+}
+
+/// `registry.get("api")` every 200 ms for up to `bound`: the last answer.
+async fn keep_asking(
+    registry: &RedisRegistry,
+    bound: Duration,
+) -> Result<Option<Policy>, tollgate_redis::RegistryError> {
+    let started = Instant::now();
+    loop {
+        let got = registry.get("api").await;
+        if got.is_ok() || started.elapsed() > bound {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The policy registry on a Cluster after one timed-out call (the slot's owner hung for a
+/// moment): it makes a new cluster connection, so once the node its URL names is gone it goes
+/// on answering from the slot's owner, as a registry that never timed out does. (It went back
+/// to the URL's node alone and failed every call for good: found by a review.)
+#[tokio::test]
+async fn the_policy_registry_outlives_its_url_node_after_a_timeout() {
+    let mut cluster = RedisCluster::start(3);
+    partial_coverage(&cluster);
+    let timeout = Duration::from_secs(1);
+    let urls = cluster.urls();
+    let probe = RedisRegistry::connect(&urls[0], "tollgate:", timeout)
+        .await
+        .unwrap();
+    let slot = RedisCluster::slot_of(probe.key());
+    let owner = cluster.node_for_slot(slot);
+    let home = (owner + 1) % 3; // the URL both registries are given: not the slot's owner
+    let registry = RedisRegistry::connect(&urls[home], "tollgate:", timeout)
+        .await
+        .unwrap();
+    let steady = RedisRegistry::connect(&urls[home], "tollgate:", timeout)
+        .await
+        .unwrap();
+    assert!(matches!(
+        registry.publish("api", &registry_policy(1)).await,
+        Ok(Published::Stored)
+    ));
+    // both on their cluster connections now
+    assert_eq!(steady.get("api").await.unwrap(), Some(registry_policy(1)));
+    // the slot's owner hangs for a moment: one call of `registry` times out
+    cluster.node_mut(owner).pause();
+    let during = registry.get("api").await;
+    cluster.node_mut(owner).resume();
+    assert!(during.is_err(), "a call to a hung owner: {during:?}");
+    // the URL's node is then lost (the slot's owner is fine and serves the slot)
+    cluster.node_mut(home).kill();
+    let control = keep_asking(&steady, Duration::from_secs(3)).await;
+    assert_eq!(
+        control.as_ref().ok(),
+        Some(&Some(registry_policy(1))),
+        "control (no timeout): {control:?}"
+    );
+    let got = keep_asking(&registry, Duration::from_secs(5)).await;
+    assert_eq!(
+        got.as_ref().ok(),
+        Some(&Some(registry_policy(1))),
+        "the registry that met one timeout, its URL's node gone: {got:?}"
+    );
+}
+
+/// The policy registry given the URL of the node owning its slot follows that node's failover
+/// (the replica promoted by the cluster): the node says it is a Cluster node (`HELLO`) and
+/// the registry takes a cluster connection at once. (It met no redirection, stayed on a
+/// plain connection to the failed node and failed every call: found by a review.)
+#[tokio::test]
+async fn the_policy_registry_given_the_owners_url_follows_its_failover() {
+    let mut cluster = RedisCluster::start(3);
+    let timeout = Duration::from_secs(1);
+    let urls = cluster.urls();
+    let probe = RedisRegistry::connect(&urls[0], "tollgate:", timeout)
+        .await
+        .unwrap();
+    let slot = RedisCluster::slot_of(probe.key());
+    let owner = cluster.node_for_slot(slot);
+    let other = (owner + 1) % 3;
+    let replica = RedisCluster::empty_node();
+    cluster.join(&replica, replica.port());
+    let () = redis::cmd("CLUSTER")
+        .arg("REPLICATE")
+        .arg(cluster.node_id(owner))
+        .query(&mut admin(&replica))
+        .unwrap();
+    until(Duration::from_secs(20), "the replica in sync", || {
+        redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut admin(&replica))
+            .unwrap_or_default()
+            .contains("master_link_status:up")
+    });
+    let tag = format!(":{}@", replica.port());
+    until(
+        Duration::from_secs(20),
+        "every node knows the replica",
+        || {
+            cluster.nodes().iter().all(|n| {
+                redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query::<String>(&mut admin(n))
+                    .is_ok_and(|nodes| {
+                        nodes
+                            .lines()
+                            .any(|l| l.contains(&tag) && l.contains("slave"))
+                    })
+            })
+        },
+    );
+    let at_owner = RedisRegistry::connect(&urls[owner], "tollgate:", timeout)
+        .await
+        .unwrap();
+    let at_other = RedisRegistry::connect(&urls[other], "tollgate:", timeout)
+        .await
+        .unwrap();
+    assert!(matches!(
+        at_owner.publish("api", &registry_policy(1)).await,
+        Ok(Published::Stored)
+    ));
+    assert_eq!(at_other.get("api").await.unwrap(), Some(registry_policy(1)));
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query(&mut admin(&cluster.nodes()[owner]))
+        .unwrap();
+    assert_eq!(acked, 1);
+    cluster.node_mut(owner).kill();
+    until(Duration::from_secs(30), "the replica promoted", || {
+        redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut admin(&replica))
+            .unwrap_or_default()
+            .contains("role:master")
+    });
+    let control = keep_asking(&at_other, Duration::from_secs(10)).await;
+    assert_eq!(
+        control.as_ref().ok(),
+        Some(&Some(registry_policy(1))),
+        "control (given another node's URL): {control:?}"
+    );
+    let got = keep_asking(&at_owner, Duration::from_secs(10)).await;
+    assert_eq!(
+        got.as_ref().ok(),
+        Some(&Some(registry_policy(1))),
+        "the registry given {} (the slot's owner, failed over): {got:?}",
+        urls[owner]
+    );
 }
