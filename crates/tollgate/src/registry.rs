@@ -283,7 +283,7 @@ impl PolicyFollower {
                 RegistryError::BadName(format!("{name} (nothing published, no limiter)"))
             })?;
         let (tx, mut current) = watch::channel(initial);
-        let bound = poll_interval + registry.timeout();
+        let bound = poll_interval.saturating_add(registry.timeout());
         let follow = Follow {
             registry: registry.clone(),
             name: name.clone(),
@@ -301,7 +301,12 @@ impl PolicyFollower {
         // for the next one (the task that could make it is not spawned yet, so none is lost).
         current.mark_unchanged();
         Ok(Self {
-            task: tokio::spawn(follow.run(Some(sub), poll_interval.max(Duration::from_millis(1)))),
+            // An interval's period is added to instants: a "never" (`Duration::MAX`, relying on
+            // notifications) is a poll every 10 years.
+            task: tokio::spawn(follow.run(
+                Some(sub),
+                poll_interval.clamp(Duration::from_millis(1), tollgate_core::MAX_DURATION),
+            )),
             current,
             bound,
             registry,

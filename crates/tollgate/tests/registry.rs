@@ -618,3 +618,22 @@ async fn changed_reports_a_publication_that_arrived_before_it_was_called() {
         .expect("the publication made before changed() was called was missed");
     assert_eq!(seen, g2);
 }
+
+/// A follower that never polls (`Duration::MAX`: it relies on notifications) starts and
+/// follows a publication; its bound saturates. Its start panicked adding the registry's
+/// timeout to the interval (found by a review), where the crate's other durations accept an
+/// unbounded value.
+#[tokio::test]
+async fn a_follower_with_an_unbounded_poll_interval_follows_notifications() {
+    let server = RedisServer::start();
+    let limiter = instance(&server, spec("fixed-window:limit=10,window=30d")).await;
+    let follower = follow(&server, std::slice::from_ref(&limiter), Duration::MAX).await;
+    assert_eq!(follower.bound(), Duration::MAX);
+    let g1 = spec("fixed-window:limit=4,window=30d,generation=1,transition=carry");
+    registry(&server).await.publish("api", &g1).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || limiter.policy() == g1).await,
+        "followed by notification: {}",
+        limiter.policy()
+    );
+}
