@@ -170,15 +170,18 @@ fn demo_handler(route: &RouteConfig) -> Result<MethodRouter> {
     })
 }
 
-/// The demo's "authentication": `Authorization: Bearer NAME` makes the request NAME's.
+/// The demo's "authentication": `Authorization: Bearer NAME` (the scheme in any case) makes
+/// the request NAME's.
 /// (A real service verifies a token here.)
 async fn demo_auth(mut request: Request, next: Next) -> Response {
     let user = request
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        // the scheme is case-insensitive (RFC 9110, 11.1)
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, user)| user.trim())
         .filter(|u| !u.is_empty())
         .map(str::to_owned);
     if let Some(user) = user {

@@ -618,3 +618,40 @@ fn a_sigterm_right_after_the_ready_line_is_a_graceful_exit() {
         killed.len()
     );
 }
+
+/// The demo's `Authorization: Bearer NAME` reads the scheme case-insensitively (RFC 9110,
+/// 11.1): `bearer alice` is alice's request (it was refused with 401, challenged with the very
+/// scheme it used; found by a review). Anything else is refused with the challenge.
+#[tokio::test]
+async fn the_demo_reads_the_bearer_scheme_case_insensitively() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[[route]]\nname = \"reports\"\npath = \"/reports\"\nkey = \"user\"\n\
+         policy = \"fixed-window:limit=3,window=10s\"\nfailure_mode = \"closed\"\n",
+    );
+    let serve = Serve::start(&["--config", &config]);
+    let http = client();
+    for (auth, want) in [
+        ("Bearer alice", StatusCode::OK),
+        ("bearer alice", StatusCode::OK),
+        ("BEARER alice", StatusCode::OK),
+        ("Basic YWxpY2U6", StatusCode::UNAUTHORIZED),
+        ("Bearer", StatusCode::UNAUTHORIZED),
+    ] {
+        let resp = http
+            .get(serve.url("/reports"))
+            .header("authorization", auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), want, "{auth:?}");
+        if want == StatusCode::UNAUTHORIZED {
+            assert_eq!(
+                header(&resp, "www-authenticate"),
+                Some("Bearer"),
+                "{auth:?}"
+            );
+        }
+    }
+}

@@ -39,6 +39,16 @@ pub trait CostFn: Clone + Send + Sync + 'static {
     fn is_fixed(&self) -> bool {
         false
     }
+
+    /// Whether `request`'s cost is the server's choice rather than the request's: always for a
+    /// fixed cost, and for a [`HeaderCost`] when the request declares none (its `default`). A
+    /// cost the server chose above the policy's capacity (a policy shrunk below it since the
+    /// route was configured) is the server's misconfiguration, answered 500, never a 413 that
+    /// blames a client for a cost it did not choose. [`CostFn::is_fixed`] unless overridden.
+    fn chosen_by_server<B>(&self, request: &Request<B>) -> bool {
+        let _ = request;
+        self.is_fixed()
+    }
 }
 
 /// Every request costs the same (1 by default; 0 is a misconfiguration, answered 500).
@@ -122,6 +132,10 @@ impl HeaderCost {
 }
 
 impl CostFn for HeaderCost {
+    fn chosen_by_server<B>(&self, request: &Request<B>) -> bool {
+        !request.headers().contains_key(&self.name)
+    }
+
     fn cost<B>(&self, request: &Request<B>) -> Result<u64, Rejection> {
         let mut values = request.headers().get_all(&self.name).iter();
         let Some(value) = values.next() else {
@@ -182,6 +196,13 @@ impl CostFn for CostSource {
         match self {
             Self::Fixed(c) => c.is_fixed(),
             Self::Header(c) => c.is_fixed(),
+        }
+    }
+
+    fn chosen_by_server<B>(&self, request: &Request<B>) -> bool {
+        match self {
+            Self::Fixed(c) => c.chosen_by_server(request),
+            Self::Header(c) => c.chosen_by_server(request),
         }
     }
 }

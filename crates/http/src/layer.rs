@@ -268,14 +268,14 @@ where
             let decision = match shared.limiter.check([key], cost).await {
                 Ok(d) => d,
                 Err(error) => {
-                    if shared.cost.is_fixed()
+                    if shared.cost.chosen_by_server(&request)
                         && let Some(e) = cost_above_capacity(&error)
                     {
-                        // The route's own fixed cost can never pass its policy (as built, or
-                        // since a policy change): the server's misconfiguration, not the
-                        // client's 413.
+                        // A cost the server chose (the route's fixed cost, a header cost's
+                        // default) can never pass its policy (as built, or since a policy
+                        // change): the server's misconfiguration, not the client's 413.
                         if shared.first_misconfigured() {
-                            tracing::error!(target: "tollgate_http", route, error = %e, "the route's fixed cost exceeds its policy's capacity, so no request can pass; answering 500 (logged again once the route has decided a request)");
+                            tracing::error!(target: "tollgate_http", route, error = %e, "the route's own cost (fixed, or its cost header's default) exceeds its policy's capacity, so no request that leaves the cost to the server can pass; answering 500 (logged again once the route has decided a request)");
                         }
                         count(route, 500, "none");
                         return Ok(crate::response::misconfigured());

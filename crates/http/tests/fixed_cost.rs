@@ -115,7 +115,7 @@ fn a_fixed_cost_above_capacity_is_a_500_and_a_request_cost_above_it_a_413() {
         let errors = lines.matching(&["ERROR", "tollgate_http", &format!("route=\"{route}\"")]);
         eprintln!("{route}: {errors:#?}");
         assert_eq!(errors.len(), spells, "{route}: {errors:#?}");
-        assert!(errors[0].contains("fixed cost"), "{}", errors[0]);
+        assert!(errors[0].contains("own cost"), "{}", errors[0]);
     }
     assert!(
         lines

@@ -501,3 +501,46 @@ async fn forwarded_addresses_pick_the_bucket_only_behind_a_trusted_proxy() {
     }
     assert_eq!(seen, [200, 200, 429]);
 }
+
+/// A header cost's `default` is the server's choice for a request that declares no cost:
+/// left above the capacity by a policy change, it is the server's misconfiguration (500), as
+/// a fixed cost is, never a 413 that blames the client for a cost it did not choose (found by a
+/// review: it was 413). A cost the request declares is still the client's: 413 above the
+/// capacity, admitted within it.
+#[tokio::test]
+async fn a_header_cost_default_left_above_a_shrunk_capacity_is_the_servers_error() {
+    use tollgate::Transition;
+    let store: Arc<dyn Store> = Arc::new(LocalStore::with_clock(ManualClock::new(START_MICROS)));
+    let hour = Duration::from_secs(3600);
+    let api = Limiter::builder("api", Policy::fixed_window(10, hour).unwrap())
+        .store(store)
+        .failure_mode(FailureMode::Closed)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(api.clone(), tollgate_http::RouteKey)
+        .cost(HeaderCost::new("x-cost".parse().unwrap(), 5, 1, 10).unwrap());
+    let base = serve(Router::new().route("/x", get(|| async { "ok" }).route_layer(layer))).await;
+    let http = client();
+    let send = |cost: Option<&'static str>| {
+        let mut req = http.get(format!("{base}/x"));
+        if let Some(c) = cost {
+            req = req.header("x-cost", c);
+        }
+        req.send()
+    };
+    assert_eq!(send(None).await.unwrap().status(), StatusCode::OK);
+    api.set_policy(
+        Policy::fixed_window(3, hour)
+            .unwrap()
+            .with_generation(1)
+            .with_transition(Transition::Reset),
+    );
+    let resp = send(None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(header(&resp, "retry-after").is_none());
+    assert_eq!(
+        send(Some("5")).await.unwrap().status(),
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    assert_eq!(send(Some("2")).await.unwrap().status(), StatusCode::OK);
+}
