@@ -498,8 +498,9 @@ impl Policy {
     /// The cap cannot tell a clock jump from a quiet spell, so a real wait longer than `cap` is
     /// also credited only `cap` per call. `retry_after` accounts for it: it never exceeds `cap`
     /// (plus however far the clock reads behind the bucket's stored time, after a step back:
-    /// waits are instants), and a client that follows it call after call is admitted at the
-    /// earliest instant the rate allows. An idle bucket still expires (and so reads full) after `reset_after`.
+    /// waits are instants; and but for a deferred raise's cost that only the new limit admits,
+    /// which waits for the bucket's expiry), and a client that follows it call after call is
+    /// admitted at the earliest instant the rate allows. An idle bucket still expires (and so reads full) after `reset_after`.
     pub fn with_max_elapsed(mut self, cap: Duration) -> Result<Self, PolicyError> {
         let micros = check_duration("max elapsed", cap, Duration::from_micros(1))?;
         if let Algorithm::TokenBucket(tb) = &mut self.algorithm {
