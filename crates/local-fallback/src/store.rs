@@ -224,6 +224,10 @@ struct Counters {
     last_cap_sweep_ms: AtomicU64,
     /// Clock (ms) of the last periodic sweep; `u64::MAX` for never.
     last_sweep_ms: AtomicU64,
+    /// The latest clock (ms) at which an expired bucket was removed (a sweep, a peek): a new
+    /// key's call that read an earlier time may have lost its bucket to it, and reads its time
+    /// again (`acquire_new`).
+    removed_at_ms: AtomicU64,
 }
 
 /// Options for a [`LocalStore`]; start from [`LocalStore::builder`].
@@ -300,6 +304,7 @@ impl<C: Clock> LocalStoreBuilder<C> {
                 sweeping: AtomicBool::new(false),
                 last_cap_sweep_ms: AtomicU64::new(u64::MAX),
                 last_sweep_ms: AtomicU64::new(u64::MAX),
+                removed_at_ms: AtomicU64::new(0),
             },
         }
     }
@@ -463,12 +468,19 @@ impl<C: Clock> LocalStore<C> {
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
-                    // decision wrote a state (with its expiry). Its time is read again here,
-                    // under the shard's lock: the bucket may have been removed (swept, or
-                    // dropped as expired by a peek) since this call read its time, by a call
-                    // at a later time than that, past its expiry; a fresh bucket at the older
-                    // time would credit the refill up to the expiry twice.
-                    let now = now.max(self.clock.now_micros());
+                    // decision wrote a state (with its expiry). The bucket may have been
+                    // removed (swept, or dropped as expired by a peek) since this call read
+                    // its time, by a call at a later time, past its expiry: a fresh bucket at
+                    // the older time would credit the refill up to the expiry twice, so the
+                    // time is read again here, under the shard's lock. Only when a removal at a
+                    // later millisecond than this call's time has happened (seen through the
+                    // lock, which the remover held after recording it): a bucket removed at or
+                    // before this call's millisecond was expired at its time too.
+                    let now = if self.counters.removed_at_ms.load(Ordering::Relaxed) > now / 1000 {
+                        now.max(self.clock.now_micros())
+                    } else {
+                        now
+                    };
                     let mut bucket = Bucket::missing();
                     let decision = bucket.apply(&self.params, policy, now, cost)?;
                     if !bucket.holds_record() {
@@ -630,6 +642,9 @@ impl<C: Clock> LocalStore<C> {
     }
 
     fn remove_if_expired(&self, key: &Key, now_us: u64) {
+        self.counters
+            .removed_at_ms
+            .fetch_max(now_us / 1000, Ordering::Relaxed);
         if self
             .map
             .remove_if_mut(key, |k, b| {
@@ -724,6 +739,9 @@ impl<C: Clock> LocalStore<C> {
             }
         }
         let release = Release(&self.counters.sweeping);
+        self.counters
+            .removed_at_ms
+            .fetch_max(now_ms, Ordering::Relaxed);
         let mut removed = 0;
         self.map.retain(|k, b| {
             self.settle(k, b);
