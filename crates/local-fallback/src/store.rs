@@ -224,10 +224,6 @@ struct Counters {
     last_cap_sweep_ms: AtomicU64,
     /// Clock (ms) of the last periodic sweep; `u64::MAX` for never.
     last_sweep_ms: AtomicU64,
-    /// The latest clock (ms) at which an expired bucket was removed (a sweep, a peek): a new
-    /// key's call that read an earlier time may have lost its bucket to it, and reads its time
-    /// again (`acquire_new`).
-    removed_at_ms: AtomicU64,
 }
 
 /// Options for a [`LocalStore`]; start from [`LocalStore::builder`].
@@ -304,7 +300,6 @@ impl<C: Clock> LocalStoreBuilder<C> {
                 sweeping: AtomicBool::new(false),
                 last_cap_sweep_ms: AtomicU64::new(u64::MAX),
                 last_sweep_ms: AtomicU64::new(u64::MAX),
-                removed_at_ms: AtomicU64::new(0),
             },
         }
     }
@@ -468,19 +463,14 @@ impl<C: Clock> LocalStore<C> {
                 }
                 Entry::Vacant(vacant) => {
                     // A missing bucket decided on before it is inserted: held only if the
-                    // decision wrote a state (with its expiry). The bucket may have been
-                    // removed (swept, or dropped as expired by a peek) since this call read
-                    // its time, by a call at a later time, past its expiry: a fresh bucket at
-                    // the older time would credit the refill up to the expiry twice, so the
-                    // time is read again here, under the shard's lock. Only when a removal at a
-                    // later millisecond than this call's time has happened (seen through the
-                    // lock, which the remover held after recording it): a bucket removed at or
-                    // before this call's millisecond was expired at its time too.
-                    let now = if self.counters.removed_at_ms.load(Ordering::Relaxed) > now / 1000 {
-                        now.max(self.clock.now_micros())
-                    } else {
-                        now
-                    };
+                    // decision wrote a state (with its expiry). Its time is read again here,
+                    // under the shard's lock: the bucket may have been removed (swept, dropped
+                    // as expired by a peek, its lent state lost to another key's takeover and
+                    // its entry swept) since this call read its time, by a call at a later
+                    // time, past its expiry; a fresh bucket at the older time would credit
+                    // the refill up to the expiry twice. (Gating the read on the removals'
+                    // recorded times missed the takeover, whose time no removal records.)
+                    let now = now.max(self.clock.now_micros());
                     let mut bucket = Bucket::missing();
                     let decision = bucket.apply(&self.params, policy, now, cost)?;
                     if !bucket.holds_record() {
@@ -642,9 +632,6 @@ impl<C: Clock> LocalStore<C> {
     }
 
     fn remove_if_expired(&self, key: &Key, now_us: u64) {
-        self.counters
-            .removed_at_ms
-            .fetch_max(now_us / 1000, Ordering::Relaxed);
         if self
             .map
             .remove_if_mut(key, |k, b| {
@@ -739,9 +726,6 @@ impl<C: Clock> LocalStore<C> {
             }
         }
         let release = Release(&self.counters.sweeping);
-        self.counters
-            .removed_at_ms
-            .fetch_max(now_ms, Ordering::Relaxed);
         let mut removed = 0;
         self.map.retain(|k, b| {
             self.settle(k, b);
