@@ -317,10 +317,14 @@ impl RedisRegistry {
         // Silence (the connection's own response timeout, or the deadline): the next call
         // goes over a new connection, to the URL's server made when first used (the settings
         // made the first one, so they make this one), or on a Cluster a new cluster connection
-        // seeded with it (kept only if made within the deadline; the old one stays otherwise).
+        // seeded with it, made in the background (this call keeps its deadline; the old
+        // connection serves until the new one is made, and stays if it cannot be).
         match *self.conn.load_full() {
             RegistryConn::Cluster(_) => {
-                let _ = tokio::time::timeout(self.timeout, self.to_cluster()).await;
+                let registry = self.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(registry.timeout, registry.to_cluster()).await;
+                });
             }
             RegistryConn::Single(_) => {
                 if let Ok(fresh) = ConnectionManager::new_lazy_with_config(

@@ -354,3 +354,38 @@ async fn the_policy_registry_given_the_owners_url_follows_its_failover() {
         urls[owner]
     );
 }
+
+/// A policy registry call on a Cluster keeps its deadline when it times out (the slot's owner
+/// hung): the new cluster connection is made in the background. It was made inside the same
+/// call, whose handshake with the hung node hung too: the call returned after twice its
+/// deadline (found by a review).
+#[tokio::test]
+async fn a_timed_out_policy_registry_call_keeps_its_deadline() {
+    let mut cluster = RedisCluster::start(3);
+    let timeout = Duration::from_secs(1);
+    let urls = cluster.urls();
+    let probe = RedisRegistry::connect(&urls[0], "tollgate:", timeout)
+        .await
+        .unwrap();
+    let owner = cluster.node_for_slot(RedisCluster::slot_of(probe.key()));
+    let registry = RedisRegistry::connect(&urls[(owner + 1) % 3], "tollgate:", timeout)
+        .await
+        .unwrap();
+    assert!(matches!(
+        registry.publish("api", &registry_policy(1)).await,
+        Ok(Published::Stored)
+    ));
+    cluster.node_mut(owner).pause();
+    let started = Instant::now();
+    let during = registry.get("api").await;
+    let took = started.elapsed();
+    cluster.node_mut(owner).resume();
+    assert!(during.is_err(), "a call to a hung owner: {during:?}");
+    assert!(
+        took < timeout + Duration::from_millis(400),
+        "a call with a deadline of {timeout:?} returned after {took:?} ({during:?})"
+    );
+    // and the registry answers again once the owner does
+    let again = keep_asking(&registry, Duration::from_secs(5)).await;
+    assert_eq!(again.ok(), Some(Some(registry_policy(1))));
+}
