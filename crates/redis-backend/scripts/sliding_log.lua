@@ -40,6 +40,7 @@ if not now then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
   raw = redis.call('GET', K[1])
+  if raw and #raw > MAX_RECORD then raw = false end
 end
 -- the stored record `sr`: header fields and entries, or nothing when it is malformed (a missing
 -- bucket): a non-number fails its comparison inside the pcall; every number must be an

@@ -41,6 +41,7 @@ if not now then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
   raw = redis.call('GET', K[1])
+  if raw and #raw > MAX_RECORD then raw = false end
 end
 
 -- The stored record, run by pcall (a record that is not MessagePack, or holds a non-number

@@ -17,6 +17,10 @@
 //! wrote. [`decode`] refuses anything malformed, as the scripts do (they treat it as a missing
 //! bucket).
 
+/// The longest value the scripts decode as a record (prelude.lua's `MAX_RECORD`): a sliding
+/// log of 1,000 entries and its header fit; anything longer is a missing bucket.
+pub const MAX_RECORD: usize = 16_384;
+
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -152,6 +156,10 @@ pub(crate) fn tag_and_params(params: &Algorithm) -> Option<(u64, [u64; 4], usize
 
 /// Reads a record, or `None` for bytes a script would treat as a missing bucket.
 pub fn decode(raw: &[u8]) -> Option<Record> {
+    // as the scripts: a value longer than any record is not one (`MAX_RECORD` in prelude.lua)
+    if raw.len() > MAX_RECORD {
+        return None;
+    }
     let mut pos = 0;
     let mut next = || get(raw, &mut pos);
     let tag = next()?;
