@@ -501,11 +501,7 @@ fn serve_exits_within_its_grace_after_sigterm_whatever_a_client_holds_open() {
         "serve did not read the partial request within {bound:?}: {:?} bytes unread",
         unread_by_server(client, server)
     );
-    let killed = Command::new("kill")
-        .args(["-TERM", &serve.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    tollgate_testkit::server::sigterm(serve.child.id());
     let start = std::time::Instant::now();
     let status = loop {
         let _ = slow.write_all(b"X-Slow: 1\r\n");
@@ -602,11 +598,7 @@ fn a_sigterm_right_after_the_ready_line_is_a_graceful_exit() {
             .read_line(&mut first)
             .unwrap();
         assert!(first.starts_with("listening on "), "{first}");
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
+        tollgate_testkit::server::sigterm(child.id());
         let status = child.wait().unwrap();
         if !status.success() {
             killed.push(format!("{status:?}"));

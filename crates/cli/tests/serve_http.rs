@@ -3,7 +3,6 @@
 //! concurrent requests on one key (admissions counted). Real redis-servers (testkit) on a
 //! frozen clock the test moves.
 
-use std::process::Command;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
@@ -116,11 +115,7 @@ async fn sigterm_mid_request_answers_it_then_exits() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &serve.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    tollgate_testkit::server::sigterm(serve.child.id());
     let resp = in_flight.await.unwrap().unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(header(&resp, "ratelimit"), Some("\"get\";r=8;t=7200"));

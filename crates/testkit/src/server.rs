@@ -517,6 +517,13 @@ fn answers_as(client: &redis::Client, pid: u32) -> bool {
         .any(|value| value.trim() == pid.to_string())
 }
 
+/// Sends SIGTERM to `pid` (a child process of the test's: its own `tollgate serve`, say),
+/// by the system call: a test need not find a `kill` program (procps), which a minimal Debian
+/// lacks.
+pub fn sigterm(pid: u32) {
+    signal(pid, libc::SIGTERM);
+}
+
 /// Sends `sig` to `pid`.
 #[allow(unsafe_code)]
 fn signal(pid: u32, sig: libc::c_int) {
