@@ -46,6 +46,38 @@ fn cluster_ok(server: &RedisServer) -> bool {
         .is_some_and(|s| s.contains("cluster_state:ok"))
 }
 
+/// A new node joined to `cluster` as a replica of node `of`, in sync and known to every node.
+fn replica_of(cluster: &mut RedisCluster, of: usize) -> RedisServer {
+    let replica = RedisCluster::empty_node();
+    cluster.join(&replica, replica.port());
+    let () = redis::cmd("CLUSTER")
+        .arg("REPLICATE")
+        .arg(cluster.node_id(of))
+        .query(&mut admin(&replica))
+        .unwrap();
+    until(Duration::from_secs(20), "the replica in sync", || {
+        info(&replica, "replication").contains("master_link_status:up")
+    });
+    let tag = format!(":{}@", replica.port());
+    until(
+        Duration::from_secs(20),
+        "every node knows the replica",
+        || {
+            cluster.nodes().iter().all(|n| {
+                redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query::<String>(&mut admin(n))
+                    .is_ok_and(|nodes| {
+                        nodes
+                            .lines()
+                            .any(|l| l.contains(&tag) && l.contains("slave"))
+                    })
+            })
+        },
+    );
+    replica
+}
+
 /// `n` keys whose buckets live on node `node`.
 fn keys_on(
     cluster: &RedisCluster,
@@ -125,33 +157,7 @@ async fn a_restarted_primary_is_used_again_and_never_a_script_error() {
 #[tokio::test]
 async fn a_promoted_replica_is_followed() {
     let mut cluster = RedisCluster::start(3);
-    let replica = RedisCluster::empty_node();
-    cluster.join(&replica, replica.port());
-    let () = redis::cmd("CLUSTER")
-        .arg("REPLICATE")
-        .arg(cluster.node_id(0))
-        .query(&mut admin(&replica))
-        .unwrap();
-    until(Duration::from_secs(20), "the replica in sync", || {
-        info(&replica, "replication").contains("master_link_status:up")
-    });
-    let tag = format!(":{}@", replica.port());
-    until(
-        Duration::from_secs(20),
-        "every node knows the replica",
-        || {
-            cluster.nodes().iter().all(|n| {
-                redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query::<String>(&mut admin(n))
-                    .is_ok_and(|nodes| {
-                        nodes
-                            .lines()
-                            .any(|l| l.contains(&tag) && l.contains("slave"))
-                    })
-            })
-        },
-    );
+    let replica = replica_of(&mut cluster, 0);
     let store = store(&cluster).await;
     let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
     let keys = keys_on(&cluster, &store, &policy, 0, 4);
@@ -193,6 +199,18 @@ fn registry_policy(g: u64) -> Policy {
         .with_transition(tollgate_core::Transition::Carry)
 }
 
+/// The node owning the policy registry's hash (`tollgate:registry`).
+fn registry_owner(cluster: &RedisCluster) -> usize {
+    cluster.node_for_slot(RedisCluster::slot_of("tollgate:registry"))
+}
+
+/// A policy registry through `url` (prefix `tollgate:`), calls bounded by `timeout`.
+async fn registry_at(url: &str, timeout: Duration) -> RedisRegistry {
+    RedisRegistry::connect(url, "tollgate:", timeout)
+        .await
+        .unwrap()
+}
+
 /// Every node keeps serving its slots while another is down.
 fn partial_coverage(cluster: &RedisCluster) {
     for node in cluster.nodes() {
@@ -230,18 +248,10 @@ async fn the_policy_registry_outlives_its_url_node_after_a_timeout() {
     partial_coverage(&cluster);
     let timeout = Duration::from_secs(1);
     let urls = cluster.urls();
-    let probe = RedisRegistry::connect(&urls[0], "tollgate:", timeout)
-        .await
-        .unwrap();
-    let slot = RedisCluster::slot_of(probe.key());
-    let owner = cluster.node_for_slot(slot);
+    let owner = registry_owner(&cluster);
     let home = (owner + 1) % 3; // the URL both registries are given: not the slot's owner
-    let registry = RedisRegistry::connect(&urls[home], "tollgate:", timeout)
-        .await
-        .unwrap();
-    let steady = RedisRegistry::connect(&urls[home], "tollgate:", timeout)
-        .await
-        .unwrap();
+    let registry = registry_at(&urls[home], timeout).await;
+    let steady = registry_at(&urls[home], timeout).await;
     assert!(matches!(
         registry.publish("api", &registry_policy(1)).await,
         Ok(Published::Stored)
@@ -278,49 +288,11 @@ async fn the_policy_registry_given_the_owners_url_follows_its_failover() {
     let mut cluster = RedisCluster::start(3);
     let timeout = Duration::from_secs(1);
     let urls = cluster.urls();
-    let probe = RedisRegistry::connect(&urls[0], "tollgate:", timeout)
-        .await
-        .unwrap();
-    let slot = RedisCluster::slot_of(probe.key());
-    let owner = cluster.node_for_slot(slot);
+    let owner = registry_owner(&cluster);
     let other = (owner + 1) % 3;
-    let replica = RedisCluster::empty_node();
-    cluster.join(&replica, replica.port());
-    let () = redis::cmd("CLUSTER")
-        .arg("REPLICATE")
-        .arg(cluster.node_id(owner))
-        .query(&mut admin(&replica))
-        .unwrap();
-    until(Duration::from_secs(20), "the replica in sync", || {
-        redis::cmd("INFO")
-            .arg("replication")
-            .query::<String>(&mut admin(&replica))
-            .unwrap_or_default()
-            .contains("master_link_status:up")
-    });
-    let tag = format!(":{}@", replica.port());
-    until(
-        Duration::from_secs(20),
-        "every node knows the replica",
-        || {
-            cluster.nodes().iter().all(|n| {
-                redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query::<String>(&mut admin(n))
-                    .is_ok_and(|nodes| {
-                        nodes
-                            .lines()
-                            .any(|l| l.contains(&tag) && l.contains("slave"))
-                    })
-            })
-        },
-    );
-    let at_owner = RedisRegistry::connect(&urls[owner], "tollgate:", timeout)
-        .await
-        .unwrap();
-    let at_other = RedisRegistry::connect(&urls[other], "tollgate:", timeout)
-        .await
-        .unwrap();
+    let replica = replica_of(&mut cluster, owner);
+    let at_owner = registry_at(&urls[owner], timeout).await;
+    let at_other = registry_at(&urls[other], timeout).await;
     assert!(matches!(
         at_owner.publish("api", &registry_policy(1)).await,
         Ok(Published::Stored)
@@ -364,13 +336,8 @@ async fn a_timed_out_policy_registry_call_keeps_its_deadline() {
     let mut cluster = RedisCluster::start(3);
     let timeout = Duration::from_secs(1);
     let urls = cluster.urls();
-    let probe = RedisRegistry::connect(&urls[0], "tollgate:", timeout)
-        .await
-        .unwrap();
-    let owner = cluster.node_for_slot(RedisCluster::slot_of(probe.key()));
-    let registry = RedisRegistry::connect(&urls[(owner + 1) % 3], "tollgate:", timeout)
-        .await
-        .unwrap();
+    let owner = registry_owner(&cluster);
+    let registry = registry_at(&urls[(owner + 1) % 3], timeout).await;
     assert!(matches!(
         registry.publish("api", &registry_policy(1)).await,
         Ok(Published::Stored)
