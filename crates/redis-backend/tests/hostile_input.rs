@@ -676,23 +676,7 @@ fn key_length_is_bounded_whatever_the_number_of_parts() {
 async fn a_huge_value_at_a_bucket_key_is_a_missing_bucket_and_never_decoded() {
     let server = RedisServer::start();
     let store = store(&server).await;
-    let script_usec = || -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut server.client().get_connection().unwrap())
-            .unwrap();
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("usec=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    };
+    let script_usec = || server.command_stats(&["evalsha", "eval"]).usec;
     // a MessagePack array of 16,000,000 small integers
     let n: u32 = 16_000_000;
     let mut huge = vec![0xdd];

@@ -238,6 +238,39 @@ impl RedisServer {
         redis::Client::open(self.connection_info()).expect("a TCP address makes a valid client")
     }
 
+    /// `INFO commandstats` summed over `commands` (lower case, as Redis names them: `evalsha`,
+    /// `hget`, ...): how many calls the server has executed, and the microseconds it spent in
+    /// them (its own time, which a loaded machine does not stretch as it does a client's).
+    ///
+    /// # Panics
+    /// If the server does not answer.
+    pub fn command_stats(&self, commands: &[&str]) -> CommandStats {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.client().get_connection().expect("the server answers"))
+            .expect("INFO commandstats");
+        let field = |rest: &str, name: &str| -> u64 {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let mut stats = CommandStats::default();
+        for line in info.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            if commands.contains(&name) {
+                stats.calls += field(rest, "calls");
+                stats.usec += field(rest, "usec");
+            }
+        }
+        stats
+    }
+
     /// Closes every normal client connection of this server except the caller's
     /// (`CLIENT KILL TYPE normal`): what the server's idle `timeout`, an operator's `CLIENT
     /// KILL` or a load balancer's idle cut does to a connection. How many it closed.
@@ -515,6 +548,15 @@ fn answers_as(client: &redis::Client, pid: u32) -> bool {
     info.lines()
         .filter_map(|line| line.strip_prefix("process_id:"))
         .any(|value| value.trim() == pid.to_string())
+}
+
+/// Calls and server time of some commands ([`RedisServer::command_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommandStats {
+    /// Calls executed.
+    pub calls: u64,
+    /// Microseconds the server spent in them.
+    pub usec: u64,
 }
 
 /// Sends SIGTERM to `pid` (a child process of the test's: its own `tollgate serve`, say),

@@ -15,21 +15,7 @@ use tollgate_testkit::server::RedisServer;
 
 /// EVALSHA + EVAL calls the server has executed.
 fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.client().get_connection().unwrap())
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    server.command_stats(&["evalsha", "eval"]).calls
 }
 
 /// A limiter `name` on `store` under `policy`, failing closed, with a deny cache of 100 keys

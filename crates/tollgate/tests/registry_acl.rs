@@ -151,12 +151,5 @@ async fn the_registry_works_under_the_documented_rights() {
 
 /// PING calls the server has executed (INFO commandstats).
 fn ping_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut admin(server))
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_ping:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    server.command_stats(&["ping"]).calls
 }

@@ -49,14 +49,7 @@ async fn follow(server: &RedisServer, limiter: &Limiter) -> Result<PolicyFollowe
 
 /// HGET calls the server has executed (INFO commandstats).
 fn hget_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.client().get_connection().unwrap())
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_hget:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    server.command_stats(&["hget"]).calls
 }
 
 /// Writes `value` as the entry of "api", as a hand edit would.
