@@ -287,7 +287,10 @@ impl<C: Clock> LocalStoreBuilder<C> {
     /// The store.
     pub fn build(self) -> LocalStore<C> {
         LocalStore {
-            map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            map: DashMap::with_hasher_and_shard_amount(
+                foldhash::fast::RandomState::default(),
+                shard_amount(),
+            ),
             params: ParamsTable::new(),
             lent: LentTable::new(),
             clock: self.clock,
@@ -743,6 +746,18 @@ impl<C: Clock> LocalStore<C> {
         drop(release);
         removed
     }
+}
+
+/// Shards of a store's map, each behind its own lock: 32 per CPU, a power of two from 64 to
+/// 1,024. A decision takes its shard's lock exclusively (it may write the bucket), where a
+/// read-mostly map takes shared locks, so two threads that meet on one shard wait for each
+/// other; dashmap's default (4 per CPU, 8 on two) made that common enough to cost two threads
+/// over 100,000 keys ~20 % of their time, spent in the lock's slow path and `sched_yield`
+/// (BENCHMARKS.md, "More shards"). More than 1,024 would take more cache for the shards'
+/// headers than the waits they save.
+fn shard_amount() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    cpus.saturating_mul(32).clamp(64, 1024).next_power_of_two()
 }
 
 /// Whether a sweep timed by `last` (the clock in ms of the last one, `u64::MAX` for never) is
