@@ -753,8 +753,11 @@ impl<C: Clock> LocalStore<C> {
 /// read-mostly map takes shared locks, so two threads that meet on one shard wait for each
 /// other; dashmap's default (4 per CPU, 8 on two) made that common enough to cost two threads
 /// over 100,000 keys ~20 % of their time, spent in the lock's slow path and `sched_yield`
-/// (BENCHMARKS.md, "More shards"). More than 1,024 would take more cache for the shards'
-/// headers than the waits they save.
+/// (BENCHMARKS.md, "Two threads over 100,000 keys met"). Each shard's header takes a
+/// 128-byte line of its own whether or not it holds keys: an empty store takes 8 KiB on two
+/// CPUs and at most 128 KiB (32 CPUs or more), once per store (one per operation that
+/// degrades to the local limiter). 256 shards on two CPUs cost one thread ~5 % over 100,000
+/// keys against 64, so the count grows with the CPUs rather than being large everywhere.
 fn shard_amount() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     cpus.saturating_mul(32).clamp(64, 1024).next_power_of_two()

@@ -192,3 +192,42 @@ fn control_without_a_removal_the_stalled_call_is_denied() {
         assert_eq!(got, vec![(0, true), (5, false), (15, true)]);
     }
 }
+
+/// A call reads T+11 ms, after its bucket (admitted dry at T) expired at T+10 ms, and stalls
+/// while another call renews the expired bucket at T+12 ms, on the fast path that renews a
+/// bucket of the caller's own generation and parameters in place: the stalled call finds it
+/// alive, written at T+12 ms, and is decided at that time (denied, nothing credited twice);
+/// T+15 ms is denied too (the token spent at T+12 ms is back at T+22 ms). Found correct by a
+/// review of that fast path; pinned here for both kinds of key.
+#[test]
+fn a_stalled_call_on_an_expired_bucket_renewed_meanwhile_credits_nothing_twice() {
+    for key in [
+        Key::new("stale", ["renewed"]).unwrap(),
+        Key::new("stale", ["long-".repeat(20)]).unwrap(),
+    ] {
+        let clock = StallClock::new(T);
+        let store = LocalStore::builder().clock(clock.clone()).build();
+        let p = policy();
+        let mut got = vec![(0, store.acquire_now(&key, &p, 1).unwrap().allowed)];
+        let stalled = std::thread::scope(|s| {
+            clock.inner.set(T + 11 * MS);
+            let h = std::thread::Builder::new()
+                .name("stalled".into())
+                .spawn_scoped(s, || store.acquire_now(&key, &p, 1).unwrap().allowed)
+                .unwrap();
+            clock.wait_until_read();
+            clock.inner.set(T + 12 * MS);
+            got.push((12, store.acquire_now(&key, &p, 1).unwrap().allowed));
+            clock.release();
+            h.join().unwrap()
+        });
+        got.push((11, stalled));
+        clock.inner.set(T + 15 * MS);
+        got.push((15, store.acquire_now(&key, &p, 1).unwrap().allowed));
+        assert_eq!(
+            got,
+            vec![(0, true), (12, true), (11, false), (15, false)],
+            "{key:?}"
+        );
+    }
+}
