@@ -25,6 +25,10 @@ const VALIDATION_PREFIX: &str = "tollgate:";
 /// - anything else — a Lua runtime error, `WRONGTYPE`, `NOSCRIPT` that survived a reload, an
 ///   unparsable reply, an ACL failure (`NOPERM`) — → [`StoreError::Script`].
 ///
+/// A `SELECT` refused while connecting to a numbered database is classified by the server's
+/// text, as the reply it was (redis-rs keeps only the text: `BUSY` is busy, `NOAUTH` a refused
+/// authentication, `LOADING` and `MASTERDOWN` unavailable).
+///
 /// A transaction the server refused while queueing (`EXECABORT`: redis-rs's
 /// `TransactionAborted`) is classified by the errors its commands were refused with: an
 /// outage among them (`LOADING`, `READONLY`, …) makes it unavailable, else a `BUSY` makes it
@@ -38,6 +42,9 @@ const VALIDATION_PREFIX: &str = "tollgate:";
 /// assert_eq!(tollgate_redis::classify(&busy).class(), ErrorClass::Busy);
 /// ```
 pub fn classify(err: &RedisError) -> StoreError {
+    if let Some(refused) = select_refused(err) {
+        return refused;
+    }
     match err.kind() {
         ErrorKind::Io
         | ErrorKind::ClusterConnectionNotFound
@@ -75,6 +82,34 @@ pub fn classify(err: &RedisError) -> StoreError {
             }
             _ => StoreError::Script(err.to_string()),
         },
+    }
+}
+
+/// A `SELECT` refused while connecting to a numbered database (`redis://host:port/1`), by
+/// what the server said. redis-rs reports every such refusal as a plain `ERR` "Redis server
+/// refused to switch database" carrying only the reply's text, its code lost; classified by
+/// that code it would be a script error whatever the cause. The texts are Redis's own for the
+/// replies `SELECT` can meet on connect: `BUSY` (another client's script ran past
+/// `busy-reply-threshold`), `NOAUTH` (a password the connection did not give), `LOADING` and
+/// `MASTERDOWN`. Anything else (an ACL user without `SELECT`, a database out of range) stays
+/// a script error: a misconfiguration.
+fn select_refused(err: &RedisError) -> Option<StoreError> {
+    if err.kind() != ErrorKind::Server(ServerErrorKind::ResponseError)
+        || !err.to_string().contains("refused to switch database")
+    {
+        return None;
+    }
+    let said = err.detail()?;
+    if said.starts_with("Redis is busy running a script") {
+        Some(StoreError::Busy(err.to_string()))
+    } else if said.starts_with("Authentication required") {
+        Some(auth_refused(err))
+    } else if said.starts_with("Redis is loading the dataset")
+        || said.starts_with("Link with MASTER is down")
+    {
+        Some(unavailable(err))
+    } else {
+        None
     }
 }
 
@@ -148,6 +183,38 @@ mod tests {
 
     fn class(err: &RedisError) -> ErrorClass {
         classify(err).class()
+    }
+
+    /// A `SELECT` refused on connect, as redis-rs reports it (a plain `ERR` with the reply's
+    /// text only): classified by that text, as the reply itself would be.
+    #[test]
+    fn a_select_refused_on_connect_is_classified_by_what_the_server_said() {
+        let refused = |said: &str| {
+            RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "Redis server refused to switch database",
+                said.to_owned(),
+            ))
+        };
+        let busy = refused(
+            "Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        );
+        assert_eq!(class(&busy), ErrorClass::Busy);
+        let auth = classify(&refused("Authentication required."));
+        assert_eq!(auth.class(), ErrorClass::Script);
+        assert!(auth.to_string().contains("authentication failed"), "{auth}");
+        for said in [
+            "Redis is loading the dataset in memory",
+            "Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        ] {
+            assert_eq!(class(&refused(said)), ErrorClass::Unavailable, "{said}");
+        }
+        for said in [
+            "DB index is out of range",
+            "User u has no permissions to run the 'select' command",
+        ] {
+            assert_eq!(class(&refused(said)), ErrorClass::Script, "{said}");
+        }
     }
 
     /// A plain `EXECABORT` reply (EXEC's own, no queued errors with it) lists itself as its

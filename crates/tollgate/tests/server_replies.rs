@@ -5,17 +5,21 @@
 //! clears): the operation's failure mode applies, the breaker counts it, and shared enforcement
 //! resumes by itself once the server is back to normal. What the warning says is checked in
 //! `oom_warning.rs`, alone in its binary (tracing's callsite interest is process-wide). Bounded
-//! and loopback only.
+//! and loopback only. Also a `SELECT` refused while connecting to a numbered database (`BUSY`,
+//! `NOAUTH`), which redis-rs reports without the reply's code.
 
 mod common;
 mod replies;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use replies::{
     RECOVERY_BOUND, admin, limiter, modes, recovers, refuse_writes, refused_calls, timed,
 };
-use tollgate::{Enforcement, FailureMode};
+use tollgate::redis::RedisStore;
+use tollgate::{Enforcement, Error, FailureMode, Limiter, Policy, Rate};
+use tollgate_testkit::busy::BusyScript;
 use tollgate_testkit::server::RedisServer;
 
 /// `maxmemory` reached under `noeviction`: the script's write is refused with `OOM`, under
@@ -121,5 +125,111 @@ async fn loading_takes_the_failure_mode_and_recovers() {
         reload.join().unwrap().expect("DEBUG RELOAD");
         admin(&server, &["CONFIG", "SET", "key-load-delay", "0"]);
         recovers(&limiter, "l", "LOADING").await;
+    }
+}
+
+/// A token bucket for the `SELECT` tests below.
+fn select_policy() -> Policy {
+    Policy::token_bucket(20, Rate::per_second(1)).unwrap()
+}
+
+/// A store whose URL names database 1 (a documented URL form: `redis://host:port/db`) makes
+/// a connection while another client's script runs past `busy-reply-threshold` (the pool grows
+/// under load, or replaces a connection the server closed while idle). redis-rs sends `SELECT 1`
+/// on connect, the server refuses it with `BUSY`, and redis-rs reports "Redis server refused to
+/// switch database" as a plain `ERR` reply. DESIGN: BUSY → busy, which triggers the failure
+/// mode; it was classified as a script error (a bug, reported loudly), so a fail-open limiter
+/// returned `Error::Store` instead of admitting the request as bypassed.
+#[tokio::test]
+async fn busy_met_while_connecting_to_a_numbered_db_takes_the_failure_mode() {
+    for db in [0, 1] {
+        let server = RedisServer::builder()
+            .extra_args(["--busy-reply-threshold", "50"])
+            .start();
+        let store = RedisStore::builder(format!("{}/{db}", server.url()))
+            .timeout(Duration::from_millis(300))
+            .build()
+            .await
+            .unwrap();
+        let limiter = Limiter::builder("busy", select_policy())
+            .store(Arc::new(store))
+            .failure_mode(FailureMode::Open)
+            .build()
+            .unwrap();
+        assert_eq!(
+            limiter.check(["k"], 1).await.unwrap().enforcement,
+            Enforcement::Shared
+        );
+        // The server closes the store's idle connections; over RESP3 the store hears of it and
+        // makes a fresh one for the next call.
+        server.kill_clients();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let busy = BusyScript::start(&server.client());
+        let out = limiter.check(["k"], 1).await;
+        busy.stop();
+        match out {
+            Ok(d) => assert_eq!(d.enforcement, Enforcement::Bypassed, "db {db}: {d:?}"),
+            Err(Error::Store(e)) => panic!(
+                "db {db}: a busy server met while connecting is a script error ({:?}), not busy: {e}",
+                e.class()
+            ),
+            Err(e) => panic!("db {db}: {e}"),
+        }
+    }
+}
+
+/// docs/failure-modes.md: a refused or missing password (`NOAUTH`, …) is a script error whose
+/// "message says the authentication failed". Over RESP2 (`?protocol=resp2`, documented) with a
+/// database in the URL, redis-rs sends no AUTH (no password) and `SELECT 1`, which the server
+/// refuses with `NOAUTH`; redis-rs reports it as "Redis server refused to switch database", and
+/// the store's message never says authentication failed nor where the credentials go.
+#[tokio::test]
+async fn a_missing_password_met_by_select_says_the_authentication_failed() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(format!("{}/1?protocol=resp2", server.url()))
+        .timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::builder("auth", select_policy())
+        .store(Arc::new(store))
+        .failure_mode(FailureMode::Open)
+        .build()
+        .unwrap();
+    assert!(limiter.check(["k"], 1).await.unwrap().allowed);
+    let mut admin = server.client().get_connection().unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("sekret")
+        .query(&mut admin)
+        .unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut admin)
+        .unwrap();
+    // Over RESP2 the store cannot hear of the close: the first call may fail as a dropped
+    // connection; the ones after it reconnect and meet the missing password.
+    let mut last = None;
+    for _ in 0..5 {
+        last = Some(limiter.check(["k"], 1).await);
+        if matches!(last, Some(Err(Error::Store(_)))) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    match last.unwrap() {
+        Err(Error::Store(e)) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("authentication failed"),
+                "a missing password is reported without saying so: {message}"
+            );
+        }
+        other => panic!("expected a loud store error, got {other:?}"),
     }
 }
