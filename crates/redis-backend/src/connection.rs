@@ -70,10 +70,12 @@ impl Conn {
         self.batch(pipe, count, cut, false).await
     }
 
-    /// The `count` commands of `pipe` as one transaction (`MULTI` … `EXEC`; `pipe` is built
-    /// with [`Pipeline::atomic`]): all run, in order, with no other client's command between
-    /// them. A cluster sends each key's commands as one transaction instead
-    /// ([`cluster_pipeline`]: every key of a batch may be on another node).
+    /// The `count` commands of `pipe` (script calls, `pipe` not atomic) with each key's
+    /// commands as one transaction (`MULTI` … `EXEC`) when it has several, the others plain:
+    /// a key's commands all run, in order, with no other client's command between them, or
+    /// none does, while other keys' commands and other clients' interleave as in any
+    /// pipeline ([`keyed_transactions`]; on a cluster [`cluster_pipeline`], one transaction
+    /// per key on its slot's primary). One round trip (on a cluster, one per node).
     pub(crate) async fn transaction(
         &self,
         pipe: &Pipeline,
@@ -97,19 +99,10 @@ impl Conn {
             let replies = self.packed(pipe, 0, count).await?;
             return Ok(replies.into_iter().map(Value::extract_error).collect());
         }
-        // MULTI's `OK` and one `QUEUED` per command are skipped: EXEC's array is the reply.
-        let mut replies = self.packed(pipe, count + 1, 1).await?;
-        match replies.pop() {
-            Some(Value::Array(values)) if values.len() == count && replies.is_empty() => {
-                Ok(values.into_iter().map(Value::extract_error).collect())
-            }
-            Some(Value::ServerError(e)) => Err(e.into()),
-            other => Err(RedisError::from((
-                ErrorKind::Parse,
-                "unexpected reply to a transaction",
-                format!("{other:?}"),
-            ))),
-        }
+        keyed_transactions(pipe, count, async |wire, replies| {
+            self.packed(wire, 0, replies).await
+        })
+        .await
     }
 
     /// `count` replies of `pipe` after the first `offset`, on a single-node connection.
@@ -1539,22 +1532,7 @@ async fn cluster_pipeline(
     cut: Option<tokio::time::Instant>,
 ) -> Vec<RedisResult<Value>> {
     let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
-    // The commands of each key, in order; keys in order of first appearance.
-    let mut chains: Vec<(Option<&[u8]>, Vec<usize>)> = Vec::new();
-    let mut chain_of: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
-    for (i, cmd) in cmds.iter().enumerate() {
-        match script_key(cmd) {
-            Some(key) => {
-                let next = chains.len();
-                let c = *chain_of.entry(key).or_insert(next);
-                if c == next {
-                    chains.push((Some(key), Vec::new()));
-                }
-                chains[c].1.push(i);
-            }
-            None => chains.push((None, vec![i])),
-        }
-    }
+    let chains = chains_by_key(&cmds);
     let runs = chains.iter().map(|(key, chain)| {
         let cmds = &cmds;
         async move {
@@ -1651,6 +1629,126 @@ async fn key_pipeline(
         ))),
         Err(e) => lost(e),
     }
+}
+
+/// The commands of each key in order, keys in order of first appearance (a command without a
+/// key is a chain of its own).
+fn chains_by_key<'c>(cmds: &[&'c Cmd]) -> Vec<(Option<&'c [u8]>, Vec<usize>)> {
+    let mut chains: Vec<(Option<&[u8]>, Vec<usize>)> = Vec::new();
+    let mut chain_of: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+    for (i, cmd) in cmds.iter().enumerate() {
+        match script_key(cmd) {
+            Some(key) => {
+                let next = chains.len();
+                let c = *chain_of.entry(key).or_insert(next);
+                if c == next {
+                    chains.push((Some(key), Vec::new()));
+                }
+                chains[c].1.push(i);
+            }
+            None => chains.push((None, vec![i])),
+        }
+    }
+    chains
+}
+
+/// [`Connection::transaction`] on one server: one pipeline in which each key with several
+/// commands sends them as `MULTI`, the commands, `EXEC`, and every other command goes plain
+/// (`send(wire, replies)` sends it and returns every raw reply). The whole batch as one
+/// transaction would hold the server for all of it (every other client waits for the `EXEC`:
+/// 240 ms for 40,000 requests, found by a review), where a pipeline lets others in between
+/// commands. A key's transaction the server refused (`EXECABORT`: a command refused while
+/// queueing, as under `OOM` or `BUSY`) ran nothing: each of its commands gets the error its
+/// queueing met (an outage before a busy server before the first), or `EXEC`'s own. If `MULTI`
+/// itself was refused, the key's commands were answered one by one as they came, and their
+/// replies are taken as they are.
+async fn keyed_transactions(
+    pipe: &Pipeline,
+    count: usize,
+    send: impl AsyncFnOnce(&Pipeline, usize) -> RedisResult<Vec<Value>>,
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+    let chains = chains_by_key(&cmds);
+    let together = |chain: &[usize]| chain.len() > 1;
+    let mut wire = Pipeline::with_capacity(count + 2 * chains.len());
+    let mut replies = 0;
+    for (_, chain) in &chains {
+        if together(chain) {
+            wire.add_command(redis::cmd("MULTI"));
+        }
+        for &i in chain {
+            wire.add_command(cmds[i].clone());
+        }
+        if together(chain) {
+            wire.add_command(redis::cmd("EXEC"));
+            replies += 2;
+        }
+        replies += chain.len();
+    }
+    let mut raw = send(&wire, replies).await?.into_iter();
+    if raw.len() != replies {
+        return Err(RedisError::from((
+            ErrorKind::Parse,
+            "a batch's pipeline returned the wrong number of replies",
+            format!("{} for {replies}", raw.len()),
+        )));
+    }
+    let mut out: Vec<Option<RedisResult<Value>>> = (0..cmds.len()).map(|_| None).collect();
+    for (_, chain) in &chains {
+        if !together(chain) {
+            for &i in chain {
+                out[i] = raw.next().map(Value::extract_error);
+            }
+            continue;
+        }
+        let multi = raw.next();
+        let queued: Vec<Value> = raw.by_ref().take(chain.len()).collect();
+        let exec = raw.next();
+        if matches!(multi, Some(Value::ServerError(_))) {
+            // no transaction: the commands ran (or were refused) as they came
+            for (&i, reply) in chain.iter().zip(queued) {
+                out[i] = Some(reply.extract_error());
+            }
+            continue;
+        }
+        match exec {
+            Some(Value::Array(values)) if values.len() == chain.len() => {
+                for (&i, reply) in chain.iter().zip(values) {
+                    out[i] = Some(reply.extract_error());
+                }
+            }
+            other => {
+                let refused: Vec<RedisError> = queued
+                    .into_iter()
+                    .filter_map(|v| v.extract_error().err())
+                    .collect();
+                let of = |class| {
+                    refused
+                        .iter()
+                        .find(|e| crate::error::classify(e).class() == class)
+                };
+                let reason = of(tollgate_core::ErrorClass::Unavailable)
+                    .or_else(|| of(tollgate_core::ErrorClass::Busy))
+                    .or(refused.first())
+                    .cloned()
+                    .unwrap_or_else(|| match other.map(Value::extract_error) {
+                        Some(Err(e)) => e,
+                        other => RedisError::from((
+                            ErrorKind::Parse,
+                            "unexpected reply to a key's transaction",
+                            format!("{other:?}"),
+                        )),
+                    });
+                for &i in chain {
+                    out[i] = Some(Err(reason.clone()));
+                }
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|reply| reply.expect("every command is in one chain"))
+        .collect())
 }
 
 /// A transaction's error that the server gave instead of running it: no command of it ran.

@@ -243,13 +243,13 @@ impl RedisStore {
         // and reloaded (another instance's retry) while the server works through it would
         // refuse a stretch with NOSCRIPT and run a later stretch: resent, the refused requests
         // would run after later ones on the same key. In a transaction the script is there for
-        // every command or for none, so a batch that repeats a key goes as one.
+        // every command or for none, so a key the batch repeats sends its requests as one
+        // (that key's alone: `Connection::transaction`).
         let repeats = requests.len() > 1 && {
             let mut seen = std::collections::HashSet::with_capacity(requests.len());
             !requests.iter().all(|r| seen.insert(r.key))
         };
         let sent = if repeats {
-            pipe.atomic();
             self.inner
                 .conn
                 .transaction(&pipe, invs.len(), Some(cut))
