@@ -40,7 +40,7 @@ async fn oom_takes_the_failure_mode_and_recovers() {
     }
 }
 
-/// A batch that repeats a key goes as one transaction, which `OOM` refuses while queueing
+/// A batch that repeats a key sends that key's requests as one transaction, which `OOM` refuses while queueing
 /// (`EXECABORT`): nothing ran, so the whole batch takes the failure mode and nothing is spent.
 #[tokio::test]
 async fn an_oom_batch_repeating_a_key_runs_nothing_and_takes_the_failure_mode() {
