@@ -520,13 +520,13 @@ impl Bucket {
 
     /// [`algorithm::runs_out_at_expiry`] for this bucket's record (never for a compact one
     /// unless `policy` would start a deferral on it: compact records have none pending).
-    fn runs_out_at_expiry(&self, table: &ParamsTable, policy: &Policy) -> bool {
+    fn runs_out_at_expiry(&self, table: &ParamsTable, policy: &Policy, now: u64) -> bool {
         match &self.slot {
-            Slot::Boxed(b) => algorithm::runs_out_at_expiry(b.record.as_ref(), policy),
+            Slot::Boxed(b) => algorithm::runs_out_at_expiry(b.record.as_ref(), policy, now),
             Slot::Compact(c) => {
                 c.code() < LENT
                     && policy.transition() == tollgate_core::Transition::DeferUntilExpiry
-                    && algorithm::runs_out_at_expiry(c.record(table).0.as_ref(), policy)
+                    && algorithm::runs_out_at_expiry(c.record(table).0.as_ref(), policy, now)
             }
         }
     }
@@ -847,7 +847,7 @@ impl Bucket {
             // the clock steps back before its expiry.
             *self = Self::missing();
         }
-        let runs_out = self.runs_out_at_expiry(table, policy);
+        let runs_out = self.runs_out_at_expiry(table, policy, now);
         let out = match &mut self.slot {
             Slot::Boxed(b) => {
                 let out = algorithm::apply(&mut b.record, policy, now, cost, true)?;
@@ -1069,7 +1069,7 @@ pub(crate) mod tests {
         if !was_alive {
             *plain = None;
         }
-        let runs_out = algorithm::runs_out_at_expiry(plain.as_ref(), policy);
+        let runs_out = algorithm::runs_out_at_expiry(plain.as_ref(), policy, now);
         algorithm::apply(plain, policy, now, cost, true).map(|out| {
             match out.ttl_micros {
                 Some(ttl) => *expiry = expires_at_ms(now, ttl),

@@ -525,7 +525,7 @@ impl<C: Clock> LocalStore<C> {
                 };
                 if bucket.is_alive(&self.params, now / 1000) {
                     let mut state = bucket.record(&self.params);
-                    let runs_out = algorithm::runs_out_at_expiry(state.as_ref(), policy);
+                    let runs_out = algorithm::runs_out_at_expiry(state.as_ref(), policy, now);
                     let mut decision =
                         algorithm::apply(&mut state, policy, now, cost, false)?.decision;
                     if runs_out {

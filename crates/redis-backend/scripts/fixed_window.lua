@@ -67,6 +67,10 @@ if raw then
   if ok and mine then st, cnt = rg, rpe end
 end
 
+-- A deferral run out (tollgate_core::algorithm::deferral_lapsed): pending, and its window
+-- ended; its key outlives that by up to a millisecond. A missing bucket (see token_bucket.lua).
+if raw and not cnt and ok and rcount and rpe > 0 and rstart + rwindow <= now then raw = false end
+
 -- the governing parameters, generation and pending deferral, whether they are the caller's
 -- head (then the record is written as head .. state); the stored window and count
 local glimit, gwindow, g, pe, own, changed, keep =

@@ -145,6 +145,8 @@ local function slow()
       local eff = upd > now and upd or now
       level = level < total and level or total
       local elapsed, d = eff - upd, total - level
+      -- a deferral run out (tollgate_core::algorithm::deferral_lapsed): full again (uncapped)
+      r.lapsed = pe > 0 and upd <= now and elapsed * rate >= d
       if mx > 0 and elapsed > mx then elapsed = mx end
       if elapsed * rate >= d then level = total else level = level + elapsed * rate end
       r.params, r.eff, r.used, r.total, r.unit = { cap, unit, rate, mx }, eff, total - level,
@@ -158,6 +160,7 @@ local function slow()
       end
       local used = 0
       if st >= now - now % win then used = cnt < lim and cnt or lim end
+      r.lapsed = pe > 0 and st + win <= now
       r.params, r.eff, r.used, r.total, r.unit = { lim, win }, st > now and st or now, used,
         lim, 1
     elseif tag == 3 then
@@ -181,6 +184,7 @@ local function slow()
       end
       local eff = now
       if n > 0 and times[n] > now then eff = times[n] end
+      r.lapsed = pe > 0 and (n == 0 or times[n] + win <= now)
       local used = 0
       for i = 1, n do
         if times[i] + win > eff then used = used + costs[i] end
@@ -231,7 +235,8 @@ local function slow()
   --     tollgate_core's transition::across).
   function h.cross(raw, now, mine, gen, rule, cost, commit, total, unit)
     local ok, r = pcall(h.usage, raw, now)
-    if not ok or not r or r.tag == mine then return nil end
+    -- (a deferral run out is a missing bucket, as in the algorithms' blocks)
+    if not ok or not r or r.tag == mine or r.lapsed then return nil end
     -- the same generation (other parameters: another algorithm) takes over by carry
     if gen == r.g then rule = 1 end
     if gen < r.g or r.pe > gen or rule == 3 then

@@ -74,6 +74,12 @@ local ok, sr
 if raw then
   ok, sr = pcall(record, raw)
   if not ok then sr = nil end
+  -- A deferral run out (tollgate_core::algorithm::deferral_lapsed): pending, and its newest
+  -- entry out of the window; its key outlives that by up to a millisecond. A missing bucket
+  -- (see token_bucket.lua).
+  if sr and sr.pe > 0 and (sr.n == 0 or sr.times[sr.n] + sr.params[2] <= now) then
+    sr, raw = nil, false
+  end
 end
 
 -- own: the governing generation and parameters are the caller's head, no deferral pending

@@ -76,6 +76,15 @@ end
 -- unchanged), so a denial need not write it (see the decision below)
 local asis = stored and not force
 
+-- A deferral run out (tollgate_core::algorithm::deferral_lapsed): pending, and the bucket
+-- full again at now, its time not after now; its key outlives that by up to a millisecond.
+-- A missing bucket, decided fresh under the caller's parameters (under the old ones, written
+-- keeping the key's expiry, that millisecond's admissions vanished with the key).
+if raw and not stored and ok and rupdated and rpe > 0 and rupdated <= now then
+  local total = rcap * runit
+  if (now - rupdated) * rrate >= total - (rlevel < total and rlevel or total) then raw = false end
+end
+
 -- From here on capacity, unit, rate, max_elapsed, gen and pe are the governing parameters,
 -- generation and pending deferral (the caller's unless the stored ones govern); own: they are
 -- the caller's head (then the record is written as head .. state); keep: keep the key's expiry

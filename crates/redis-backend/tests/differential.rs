@@ -48,7 +48,7 @@ impl Model {
     ) -> Result<Decision, PolicyError> {
         let entry = self.map.get(rkey).cloned();
         let mut state = entry.as_ref().map(|(s, _)| s.clone());
-        let runs_out = algorithm::runs_out_at_expiry(state.as_ref(), policy);
+        let runs_out = algorithm::runs_out_at_expiry(state.as_ref(), policy, now);
         let mut out = algorithm::apply(&mut state, policy, now, cost, commit)?;
         if runs_out && let Some((_, expires_at_ms)) = &entry {
             algorithm::cap_at_expiry(&mut out.decision, now, *expires_at_ms);

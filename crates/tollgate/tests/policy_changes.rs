@@ -6,6 +6,7 @@
 //!   generation 2 has written the bucket, the admitted total is exactly what generation 2's
 //!   rule leaves (every rule × algorithm, growing and shrinking the limit).
 //! - `clock_steps_*`: seconds and hours, forward and back, on live buckets of every algorithm.
+//! - `a_deferral_ends_*`: the millisecond a deferred bucket's key outlives its end.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -289,4 +290,87 @@ async fn clock_steps_of_seconds_forward_and_back_decide_alike_on_redis_and_local
 #[tokio::test]
 async fn clock_steps_of_hours_forward_and_back_decide_alike_on_redis_and_local() {
     clock_steps(HOURS, "hours").await;
+}
+
+const DEFER_T0: u64 = 1_700_000_000_000_000; // a multiple of 10 s
+const DEFER_SEC: u64 = 1_000_000;
+
+/// A bucket of generation 1 (limit 10 per 10 s) spent whole, then met by generation 2 (limit
+/// 2, `DeferUntilExpiry`): denied under the old limit until the old bucket ends. From its end
+/// the fleet, all on generation 2, calls 12 times at the end, 500 µs after it and 2 ms after
+/// it. Returns the admissions.
+async fn defer_then_burst(
+    name: &str,
+    store: &Arc<dyn Store>,
+    set: &dyn Fn(u64),
+    old: Policy,
+    new: Policy,
+    spend: u64,
+) -> u64 {
+    set(DEFER_T0);
+    let key = Key::new("defer-end", [name]).unwrap();
+    assert!(
+        store.acquire(&key, &old, spend).await.unwrap().allowed,
+        "{name}"
+    );
+    let d = store.acquire(&key, &new, 1).await.unwrap();
+    assert!(!d.allowed, "{name}: deferred, the old limit spent: {d:?}");
+    let end = DEFER_T0 + 10 * DEFER_SEC;
+    let mut admitted = 0;
+    for at in [end, end + 500, end + 2_000] {
+        set(at);
+        for _ in 0..12 {
+            if store.acquire(&key, &new, 1).await.unwrap().allowed {
+                admitted += 1;
+            }
+        }
+    }
+    admitted
+}
+
+/// DESIGN.md: under `DeferUntilExpiry` the old parameters govern a bucket until it expires,
+/// then the new ones. Its key outlives the bucket's end by up to a millisecond (Redis expires
+/// keys by the millisecond); in that millisecond the old limit governed what was logically a
+/// fresh bucket, its admissions written keeping the key's expiry and gone with it, and then
+/// the new limit admitted its own: 12 in the new window for a new limit of 2, on both
+/// backends, for a fixed window and a sliding log (found by a review); a token bucket full
+/// again the same. Now a bucket whose deferral has run out is a missing one: 2 (a token
+/// bucket of capacity 2, refilled at 1 per 5 s, admits its 2 at the end and nothing more
+/// within 2 ms).
+#[tokio::test]
+async fn a_deferral_ends_when_its_bucket_does_not_a_millisecond_later() {
+    let server = RedisServer::builder().clock_control(true).start();
+    let redis: Arc<dyn Store> = Arc::new(RedisStore::builder(server.url()).build().await.unwrap());
+    let clock = ManualClock::new(DEFER_T0);
+    let local: Arc<dyn Store> = Arc::new(LocalStore::with_clock(clock.clone()));
+    let set_redis = |t: u64| server.clock().freeze_at_micros(t);
+    let set_local = |t: u64| clock.set(t);
+    for alg in ["fixed window", "sliding log", "token bucket"] {
+        let make = |limit: u64| match alg {
+            "fixed window" => Policy::fixed_window(limit, Duration::from_secs(10)).unwrap(),
+            "sliding log" => Policy::sliding_log(limit, Duration::from_secs(10)).unwrap(),
+            // full again 10 s after being emptied, as the others end 10 s on
+            _ => Policy::token_bucket(limit, Rate::new(limit, Duration::from_secs(10))).unwrap(),
+        };
+        let old = make(10).with_generation(1);
+        let new = make(2)
+            .with_generation(2)
+            .with_transition(Transition::DeferUntilExpiry);
+        let mut out = Vec::new();
+        for (backend, store, set) in [
+            ("redis", &redis, &set_redis as &dyn Fn(u64)),
+            ("local", &local, &set_local as &dyn Fn(u64)),
+        ] {
+            let name = format!("{alg}-{backend}");
+            out.push((
+                backend,
+                defer_then_burst(&name, store, set, old, new, 10).await,
+            ));
+        }
+        assert_eq!(
+            out,
+            [("redis", 2), ("local", 2)],
+            "{alg}: admitted after the deferred bucket's end by a fleet on generation 2 (limit 2)"
+        );
+    }
 }

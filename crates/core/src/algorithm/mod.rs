@@ -143,9 +143,10 @@ fn plan(stored: Option<&Record>, policy: &Policy, caller: Algorithm, now: u64) -
 /// govern until it expires: a [`Transition::DeferUntilExpiry`] pending on it (for this caller
 /// or a newer one), or starting with this call. Such a bucket is gone at its expiry and the
 /// next call starts a fresh one, so the decision's waits end then at the latest
-/// ([`cap_at_expiry`]); [`apply`] itself does not know the expiry.
-pub fn runs_out_at_expiry(stored: Option<&Record>, policy: &Policy) -> bool {
-    let Some(r) = stored else {
+/// ([`cap_at_expiry`]); [`apply`] itself does not know the expiry. Not a bucket whose
+/// deferral has run out at `now` ([`deferral_lapsed`]): that one is decided fresh.
+pub fn runs_out_at_expiry(stored: Option<&Record>, policy: &Policy, now: u64) -> bool {
+    let Some(r) = stored.filter(|r| !deferral_lapsed(r, now)) else {
         return false;
     };
     let g = policy.generation();
@@ -155,6 +156,39 @@ pub fn runs_out_at_expiry(stored: Option<&Record>, policy: &Policy) -> bool {
         return r.pending.is_some();
     }
     g > r.generation && policy.transition() == Transition::DeferUntilExpiry
+}
+
+/// Whether `r` is a bucket whose deferral has run out at `now`: a
+/// [`Transition::DeferUntilExpiry`] pending on it, and nothing of its state left at `now`
+/// under its own parameters, its stored time not after `now` — a token bucket full again, a
+/// fixed window ended, a sliding log whose newest entry has left the window. Its key outlives
+/// that instant by up to a millisecond (Redis expires keys by the millisecond,
+/// [`expires_at_ms`]); [`apply`] takes it for the missing bucket it is about to be, decided
+/// fresh under the caller's policy. Decided under the old parameters instead, on what is
+/// logically a fresh bucket and written keeping the key's expiry, that millisecond admitted
+/// the old limit again, then lost it with the key, and the new limit followed: a fixed
+/// window of 10 deferring to one of 2 admitted 12 in the new window (found by a review).
+#[must_use]
+pub fn deferral_lapsed(r: &Record, now: u64) -> bool {
+    if r.pending.is_none() {
+        return false;
+    }
+    match (&r.params, &r.state) {
+        (Algorithm::TokenBucket(p), State::TokenBucket(s)) => {
+            let total = p.capacity_units();
+            s.updated <= now
+                && u128::from(now - s.updated) * u128::from(p.rate)
+                    >= u128::from(total - s.level.min(total))
+        }
+        (Algorithm::FixedWindow(p), State::FixedWindow(s)) => {
+            s.window_start.saturating_add(p.window_micros) <= now
+        }
+        (Algorithm::SlidingLog(p), State::SlidingLog(s)) => s
+            .entries
+            .back()
+            .is_none_or(|&(t, _)| t.saturating_add(p.window_micros) <= now),
+        _ => false,
+    }
 }
 
 /// The millisecond (since the epoch) through which a bucket written at `now` with a TTL of
@@ -240,10 +274,13 @@ pub fn apply(
     let caller = policy.algorithm().normalized();
     if let Some(r) = record.as_mut()
         && stored_governs_as_is(r, policy, &caller)
+        && !deferral_lapsed(r, now)
     {
         return apply_in_place(r, now, cost, commit);
     }
-    let plan = plan(record.as_ref(), policy, caller, now);
+    // a bucket whose deferral has run out is the missing bucket it is about to be
+    let stored = record.as_ref().filter(|r| !deferral_lapsed(r, now));
+    let plan = plan(stored, policy, caller, now);
     let max = plan.params.limit();
     if cost > max {
         if plan.pending.is_some() {
