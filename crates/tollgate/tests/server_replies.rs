@@ -128,9 +128,18 @@ async fn loading_takes_the_failure_mode_and_recovers() {
     }
 }
 
-/// A token bucket for the `SELECT` tests below.
-fn select_policy() -> Policy {
-    Policy::token_bucket(20, Rate::per_second(1)).unwrap()
+/// A fail-open limiter on a store at `url` (300 ms per call), for the `SELECT` tests below.
+async fn select_limiter(url: String, name: &str) -> Limiter {
+    let store = RedisStore::builder(url)
+        .timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    Limiter::builder(name, Policy::token_bucket(20, Rate::per_second(1)).unwrap())
+        .store(Arc::new(store))
+        .failure_mode(FailureMode::Open)
+        .build()
+        .unwrap()
 }
 
 /// A store whose URL names database 1 (a documented URL form: `redis://host:port/db`) makes
@@ -146,16 +155,7 @@ async fn busy_met_while_connecting_to_a_numbered_db_takes_the_failure_mode() {
         let server = RedisServer::builder()
             .extra_args(["--busy-reply-threshold", "50"])
             .start();
-        let store = RedisStore::builder(format!("{}/{db}", server.url()))
-            .timeout(Duration::from_millis(300))
-            .build()
-            .await
-            .unwrap();
-        let limiter = Limiter::builder("busy", select_policy())
-            .store(Arc::new(store))
-            .failure_mode(FailureMode::Open)
-            .build()
-            .unwrap();
+        let limiter = select_limiter(format!("{}/{db}", server.url()), "busy").await;
         assert_eq!(
             limiter.check(["k"], 1).await.unwrap().enforcement,
             Enforcement::Shared
@@ -186,16 +186,7 @@ async fn busy_met_while_connecting_to_a_numbered_db_takes_the_failure_mode() {
 #[tokio::test]
 async fn a_missing_password_met_by_select_says_the_authentication_failed() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(format!("{}/1?protocol=resp2", server.url()))
-        .timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
-    let limiter = Limiter::builder("auth", select_policy())
-        .store(Arc::new(store))
-        .failure_mode(FailureMode::Open)
-        .build()
-        .unwrap();
+    let limiter = select_limiter(format!("{}/1?protocol=resp2", server.url()), "auth").await;
     assert!(limiter.check(["k"], 1).await.unwrap().allowed);
     let mut admin = server.client().get_connection().unwrap();
     let () = redis::cmd("CONFIG")
