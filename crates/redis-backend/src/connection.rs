@@ -1652,7 +1652,7 @@ fn chains_by_key<'c>(cmds: &[&'c Cmd]) -> Vec<(Option<&'c [u8]>, Vec<usize>)> {
     chains
 }
 
-/// [`Connection::transaction`] on one server: one pipeline in which each key with several
+/// [`Conn::transaction`] on one server: one pipeline in which each key with several
 /// commands sends them as `MULTI`, the commands, `EXEC`, and every other command goes plain
 /// (`send(wire, replies)` sends it and returns every raw reply). The whole batch as one
 /// transaction would hold the server for all of it (every other client waits for the `EXEC`:

@@ -244,7 +244,7 @@ impl RedisStore {
         // refuse a stretch with NOSCRIPT and run a later stretch: resent, the refused requests
         // would run after later ones on the same key. In a transaction the script is there for
         // every command or for none, so a key the batch repeats sends its requests as one
-        // (that key's alone: `Connection::transaction`).
+        // (that key's alone: `Conn::transaction`).
         let repeats = requests.len() > 1 && {
             let mut seen = std::collections::HashSet::with_capacity(requests.len());
             !requests.iter().all(|r| seen.insert(r.key))
