@@ -247,6 +247,12 @@ impl LimiterBuilder {
             missing: "an explicit failure mode (Open, Closed or Degraded)",
         })?;
         let meters = Meters::new(&self.operation);
+        let breaker = Breaker::new(self.breaker);
+        // The gauge is the operation's, not this limiter's: one built to replace another
+        // (a store rebuilt after an outage, a policy file read again) would otherwise leave the
+        // old one's last state — open — standing until its own breaker next moved, which a
+        // healthy store never makes it do (found by a review).
+        meters.breaker.set(breaker.state().as_gauge());
         let policy = Active::new(&self.operation, self.policy, &failure_mode);
         Ok(Limiter {
             inner: Arc::new(Inner {
@@ -255,7 +261,7 @@ impl LimiterBuilder {
                 store,
                 failure_mode,
                 timeout: self.timeout,
-                breaker: Breaker::new(self.breaker),
+                breaker,
                 gauge_order: Mutex::new(()),
                 deny_cache: self.deny_cache.map(DenyCache::new),
                 meters,

@@ -217,6 +217,48 @@ async fn metrics_record_decisions_errors_and_breaker_state() {
     assert_eq!(find("tollgate_decision_seconds", &[]), Some(5.0));
 }
 
+/// A limiter built for an operation whose last limiter was dropped with its breaker open (a
+/// store rebuilt after an outage, a policy file read again) reports its own closed breaker. The
+/// gauge is the operation's; it kept reading the old limiter's "open" (1) until the new breaker
+/// moved, which a healthy store never makes it do, so an alert on it kept firing while every
+/// decision was shared (found by a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_limiters_breaker_gauge_reads_its_own_breaker() {
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut server = RedisServer::start();
+    let handle = tokio::runtime::Handle::current();
+    let run = async {
+        let old = one_strike_limiter(&server, Duration::from_secs(60), DEADLINE).await;
+        server.kill();
+        assert!(old.check(["k"], 1).await.is_err(), "fails closed");
+        assert_eq!(old.breaker_state(), BreakerState::Open);
+        drop(old);
+        let new = Limiter::builder("strike", policy())
+            .store(Arc::new(LocalStore::new()))
+            .failure_mode(FailureMode::Closed)
+            .build()
+            .unwrap();
+        let d = new.check(["k"], 1).await.unwrap();
+        assert_eq!(d.enforcement, Enforcement::Shared);
+        assert_eq!(new.breaker_state(), BreakerState::Closed);
+    };
+    metrics::with_local_recorder(&recorder, || {
+        tokio::task::block_in_place(|| handle.block_on(run));
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        metric(
+            &snapshot,
+            "tollgate_breaker_state",
+            &[("operation", "strike")]
+        ),
+        Some(0.0),
+        "the only live limiter of the operation has a closed breaker"
+    );
+}
+
 /// The breaker gauge ends on the breaker's state whatever order concurrent transitions are
 /// reported in. The caller that opened the breaker is held up while its warning is written (a
 /// slow log sink); meanwhile, on another thread, the store answers again and a probe closes
