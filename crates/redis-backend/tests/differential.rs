@@ -10,6 +10,10 @@
 //! whatever the algorithm) — take turns on live buckets, so every rule meets buckets written by
 //! older, newer and same-generation policies, growing and shrinking, and converts every
 //! algorithm into every other.
+//!
+//! Windows' edges (`…on_both_backends`): hand-written sequences of a full sliding log and of
+//! fixed windows of 1 ms and of an odd length, on Redis and `LocalStore` at the same instants,
+//! each denial's `retry_after` exact to the microsecond.
 
 mod common;
 
@@ -531,4 +535,106 @@ async fn reset_across_algorithms_after_a_step_back_credits_nothing_twice() {
             assert_eq!((back, again), (5, *refilled), "{name}, reset, on {backend}");
         }
     }
+}
+
+/// The windows tests' base time (a multiple of 10 s).
+const TW: u64 = 1_700_000_000_000_000;
+
+/// `script` (clock offset from `TW` in µs, cost) on a redis-server whose clock the test sets and
+/// on a `LocalStore` on a `ManualClock` at the same instants: every decision equal, and each
+/// denial's `retry_after` exact (the cost admitted then by a peek on both, not a microsecond
+/// before). From a review of both algorithms' edges; it passed.
+async fn on_both_backends(
+    name: &str,
+    policy: &Policy,
+    script: &[(i64, u64)], // (clock offset from TW in µs, cost)
+) -> Vec<Decision> {
+    let server = Server::start_with_clock();
+    let redis = server.multiplexed().await;
+    let clock = tollgate_core::ManualClock::new(TW);
+    let local = tollgate::LocalStore::with_clock(clock.clone());
+    let key = Key::new("windows", [name]).unwrap();
+    let mut out = Vec::new();
+    for (i, &(off, cost)) in script.iter().enumerate() {
+        let at = TW.checked_add_signed(off).unwrap();
+        server.set_time(at);
+        clock.set(at);
+        let r = redis.acquire(&key, policy, cost).await.unwrap();
+        let l = local.acquire(&key, policy, cost).await.unwrap();
+        assert_eq!(r, l, "{name} step {i} at {off}: Redis vs LocalStore");
+        // retry_after is exact: admitted then (peek), not a microsecond before
+        if let Some(w) = r.retry_after {
+            let w = w.as_micros() as u64;
+            for (t, want) in [(at + w, true), (at + w - 1, false)] {
+                server.set_time(t);
+                clock.set(t);
+                let pr = redis.peek(&key, policy, cost).await.unwrap();
+                let pl = local.peek(&key, policy, cost).await.unwrap();
+                assert_eq!(pr, pl, "{name} step {i}: peek at {t}");
+                assert_eq!(pr.allowed, want, "{name} step {i}: retry_after {w} at {t}");
+            }
+        }
+        out.push(r);
+    }
+    out
+}
+
+/// A full sliding log of limit 1,000 in distinct microseconds stays within 16 KB + header,
+/// and bursts at one microsecond merge; steps back and forward forget nothing.
+#[tokio::test]
+async fn a_full_sliding_log_merges_steps_and_stays_bounded_on_both_backends() {
+    let p = Policy::sliding_log(1000, Duration::from_secs(10)).unwrap();
+    let mut script: Vec<(i64, u64)> = (0..1000).map(|i| (i, 1)).collect();
+    script.push((1000, 1)); // denied, until the entry at 0 leaves
+    script.push((-5_000_000, 1)); // step back: still denied
+    script.push((10_000_002, 3)); // entries 0..2 left: admitted
+    script.push((10_000_002, 1)); // same µs: denied (3 merged)
+    let d = on_both_backends("log", &p, &script).await;
+    assert!(d[..1000].iter().all(|d| d.allowed));
+    assert!(!d[1000].allowed && !d[1001].allowed);
+    assert!(d[1002].allowed, "{:?}", d[1002]);
+    assert!(!d[1003].allowed);
+    let server = Server::start_with_clock();
+    server.set_time(TW);
+    let redis = server.multiplexed().await;
+    let key = Key::new("windows", ["size"]).unwrap();
+    for i in 0..1000 {
+        server.set_time(TW + i);
+        assert!(redis.acquire(&key, &p, 1).await.unwrap().allowed);
+    }
+    let rkey = redis.redis_key(&key, &p);
+    let len: usize = redis::cmd("STRLEN")
+        .arg(rkey)
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(len <= 16_000 + 31, "record of {len} bytes");
+}
+
+/// Weighted costs in a 1 ms fixed window and a window of an odd length, stepping across
+/// boundaries, back and forward.
+#[tokio::test]
+async fn fixed_window_edges_decide_alike_on_both_backends() {
+    let p = Policy::fixed_window(5, Duration::from_millis(1)).unwrap();
+    let script = [
+        (0, 5),
+        (999, 1),
+        (1000, 5),
+        (500, 1),
+        (2_000, 3),
+        (2_000, 3),
+    ];
+    let d = on_both_backends("fw1ms", &p, &script).await;
+    assert_eq!(
+        d.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+        [true, false, true, false, true, false]
+    );
+    let p = Policy::fixed_window(4, Duration::from_micros(1_700_003)).unwrap();
+    let script = [
+        (0, 4),
+        (1, 1),
+        (3_000_000, 2),
+        (-2_000_000, 3),
+        (3_400_007, 4),
+    ];
+    on_both_backends("fwodd", &p, &script).await;
 }
