@@ -88,23 +88,41 @@ fn run_under(
     key: &Key,
     remove: impl FnOnce(&LocalStore<StallClock>, &StallClock),
 ) -> Vec<(u64, bool)> {
+    run_stalled(p, 5, remove_at_ms, key, |store, clock| {
+        remove(store, clock);
+        None
+    })
+}
+
+/// Admits at T; a call reads T + `stall_ms` and stalls; `act` runs at T + `act_ms` (its
+/// decision, if it makes one, recorded at `act_ms`); the stalled call then decides; a last call
+/// at T+15 ms. Returns every decision in the order made, with its ms.
+fn run_stalled(
+    p: &Policy,
+    stall_ms: u64,
+    act_ms: u64,
+    key: &Key,
+    act: impl FnOnce(&LocalStore<StallClock>, &StallClock) -> Option<bool>,
+) -> Vec<(u64, bool)> {
     let clock = StallClock::new(T);
     let store = LocalStore::builder().clock(clock.clone()).build();
     let p = *p;
     let mut out = vec![(0, store.acquire_now(key, &p, 1).unwrap().allowed)];
     let stalled = std::thread::scope(|s| {
-        clock.inner.set(T + 5 * MS);
+        clock.inner.set(T + stall_ms * MS);
         let h = std::thread::Builder::new()
             .name("stalled".into())
             .spawn_scoped(s, || store.acquire_now(key, &p, 1).unwrap().allowed)
             .unwrap();
         clock.wait_until_read();
-        clock.inner.set(T + remove_at_ms * MS);
-        remove(&store, &clock);
+        clock.inner.set(T + act_ms * MS);
+        if let Some(allowed) = act(&store, &clock) {
+            out.push((act_ms, allowed));
+        }
         clock.release();
         h.join().unwrap()
     });
-    out.push((5, stalled));
+    out.push((stall_ms, stalled));
     clock.inner.set(T + 15 * MS);
     out.push((15, store.acquire_now(key, &p, 1).unwrap().allowed));
     out
@@ -205,25 +223,9 @@ fn a_stalled_call_on_an_expired_bucket_renewed_meanwhile_credits_nothing_twice()
         Key::new("stale", ["renewed"]).unwrap(),
         Key::new("stale", ["long-".repeat(20)]).unwrap(),
     ] {
-        let clock = StallClock::new(T);
-        let store = LocalStore::builder().clock(clock.clone()).build();
-        let p = policy();
-        let mut got = vec![(0, store.acquire_now(&key, &p, 1).unwrap().allowed)];
-        let stalled = std::thread::scope(|s| {
-            clock.inner.set(T + 11 * MS);
-            let h = std::thread::Builder::new()
-                .name("stalled".into())
-                .spawn_scoped(s, || store.acquire_now(&key, &p, 1).unwrap().allowed)
-                .unwrap();
-            clock.wait_until_read();
-            clock.inner.set(T + 12 * MS);
-            got.push((12, store.acquire_now(&key, &p, 1).unwrap().allowed));
-            clock.release();
-            h.join().unwrap()
+        let got = run_stalled(&policy(), 11, 12, &key, |store, _| {
+            Some(store.acquire_now(&key, &policy(), 1).unwrap().allowed)
         });
-        got.push((11, stalled));
-        clock.inner.set(T + 15 * MS);
-        got.push((15, store.acquire_now(&key, &p, 1).unwrap().allowed));
         assert_eq!(
             got,
             vec![(0, true), (12, true), (11, false), (15, false)],

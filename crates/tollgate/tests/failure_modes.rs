@@ -170,28 +170,15 @@ async fn a_script_error_is_loud_and_does_not_switch_modes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_record_decisions_errors_and_breaker_state() {
-    use metrics_util::debugging::DebuggingRecorder;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let mut server = RedisServer::start();
-    let handle = tokio::runtime::Handle::current();
-    // Metric handles are registered when the limiter is built: build it under the recorder.
-    let limiter = metrics::with_local_recorder(&recorder, || {
-        tokio::task::block_in_place(|| handle.block_on(limiter(&server, FailureMode::Open)))
-    });
-    let run = async {
+    let ((), snapshot) = recorded(async {
+        let limiter = limiter(&server, FailureMode::Open).await;
         timed(&limiter, "m").await.unwrap();
         server.kill();
         for _ in 0..4 {
             timed(&limiter, "m").await.unwrap();
         }
-    };
-    // `with_local_recorder` is synchronous and thread-local: drive the async work on this
-    // thread inside it.
-    metrics::with_local_recorder(&recorder, || {
-        tokio::task::block_in_place(|| handle.block_on(run));
     });
-    let snapshot = snapshotter.snapshot().into_vec();
     let find = |name: &str, labels: &[(&str, &str)]| metric(&snapshot, name, labels);
     assert_eq!(
         find(
@@ -224,12 +211,8 @@ async fn metrics_record_decisions_errors_and_breaker_state() {
 /// decision was shared (found by a review).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuilt_limiters_breaker_gauge_reads_its_own_breaker() {
-    use metrics_util::debugging::DebuggingRecorder;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let mut server = RedisServer::start();
-    let handle = tokio::runtime::Handle::current();
-    let run = async {
+    let ((), snapshot) = recorded(async {
         let old = one_strike_limiter(&server, Duration::from_secs(60), DEADLINE).await;
         server.kill();
         assert!(old.check(["k"], 1).await.is_err(), "fails closed");
@@ -243,11 +226,7 @@ async fn a_rebuilt_limiters_breaker_gauge_reads_its_own_breaker() {
         let d = new.check(["k"], 1).await.unwrap();
         assert_eq!(d.enforcement, Enforcement::Shared);
         assert_eq!(new.breaker_state(), BreakerState::Closed);
-    };
-    metrics::with_local_recorder(&recorder, || {
-        tokio::task::block_in_place(|| handle.block_on(run));
     });
-    let snapshot = snapshotter.snapshot().into_vec();
     assert_eq!(
         metric(
             &snapshot,
@@ -814,6 +793,21 @@ type Snapshot = Vec<(
     Option<metrics::SharedString>,
     metrics_util::debugging::DebugValue,
 )>;
+
+/// Runs `work` with a debugging recorder installed and returns its output and the recorder's
+/// snapshot. Metric handles are taken when a limiter is built and used when it records, so
+/// both must happen under the recorder; `with_local_recorder` is synchronous and
+/// thread-local, so the async work is driven on this thread inside it (a multi-thread
+/// runtime's `block_in_place`).
+fn recorded<T>(work: impl std::future::Future<Output = T>) -> (T, Snapshot) {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let handle = tokio::runtime::Handle::current();
+    let out = metrics::with_local_recorder(&recorder, || {
+        tokio::task::block_in_place(|| handle.block_on(work))
+    });
+    (out, snapshotter.snapshot().into_vec())
+}
 
 /// The counter's value, the gauge's value, or the histogram's number of samples, of the metric
 /// `name` with `labels` in `snapshot`.
