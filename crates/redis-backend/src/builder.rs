@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{AsyncConnectionConfig, RedisConnectionInfo};
+use redis::{AsyncConnectionConfig, RedisConnectionInfo, Value};
 use tollgate_core::{KeyError, StoreError};
 
 use crate::connection::{Cluster, Conn, Managed, Pool, SentinelConn};
 use crate::error::classify;
 use crate::redact::{RedactedUrls, redact_url};
+use crate::registry::{RedisRegistry, RegistryError};
 use crate::store::{Inner, RedisStore};
 
 /// The key prefix used unless [`RedisStoreBuilder::prefix`] sets another.
@@ -427,6 +428,83 @@ impl RedisStoreBuilder {
         })
     }
 
+    /// A policy registry ([`RedisRegistry`]) on the Redis this store is configured for, under
+    /// the same [`prefix`](Self::prefix), each registry call within the store's
+    /// [`timeout`](Self::timeout): one builder configures both, so a registry follows the
+    /// store's servers through what the store follows.
+    ///
+    /// - A single server: [`RedisRegistry::connect`] with its URL.
+    /// - Sentinel: the registry's commands go to the primary the sentinels name, with the
+    ///   primary's credentials, database and TLS set here, and follow a failover as the
+    ///   store's calls do (the sentinels watched; a call that meets a dead or deposed primary
+    ///   fails, and the next goes to the primary named then). Each
+    ///   [`subscribe`](RedisRegistry::subscribe) goes to the primary named when it is made, so
+    ///   a [`PolicyFollower`](https://docs.rs/tollgate) whose subscription's server died
+    ///   subscribes again on the promoted replica. The primary is resolved and answers a
+    ///   `PING` within the [connect timeout](Self::connect_timeout), or this fails.
+    /// - A Cluster: [`RedisRegistry::connect`] with the first initial node that answers.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate_redis::RedisStore;
+    ///
+    /// let builder = RedisStore::sentinel(
+    ///     "rate-limits",
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    /// )
+    /// .primary_credentials("tollgate", "CHANGE-ME");
+    /// let registry = builder.build_registry().await?;
+    /// let store = builder.build().await?;
+    /// # drop((registry, store)); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`RedisRegistry::connect`]; under Sentinel, [`RegistryError::Store`] when no
+    /// primary is found and answers within the connect timeout.
+    pub async fn build_registry(&self) -> Result<RedisRegistry, RegistryError> {
+        check_prefix(&self.prefix)?;
+        match &self.target {
+            Target::Url(url) => RedisRegistry::connect(url, &self.prefix, self.timeout).await,
+            Target::Sentinel {
+                master,
+                sentinels,
+                primary,
+            } => {
+                let conn = Arc::new(self.sentinel_conn(master, sentinels, primary)?);
+                let ping = redis::cmd("PING");
+                tokio::time::timeout(self.connect_timeout, conn.command(&ping))
+                    .await
+                    .map_err(|_| StoreError::Timeout(self.connect_timeout))?
+                    .and_then(Value::extract_error)
+                    .map_err(|e| classify(&e))?;
+                Ok(RedisRegistry::on_sentinel(
+                    conn,
+                    primary.db,
+                    &self.prefix,
+                    self.timeout,
+                ))
+            }
+            Target::Cluster(RedactedUrls(nodes)) => {
+                let mut last = None;
+                for node in nodes {
+                    match RedisRegistry::connect(node, &self.prefix, self.timeout).await {
+                        Ok(registry) => return Ok(registry),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    RegistryError::Store(invalid(
+                        "cluster configuration",
+                        redis::RedisError::from((
+                            redis::ErrorKind::InvalidClientConfig,
+                            "no initial nodes",
+                        )),
+                    ))
+                }))
+            }
+        }
+    }
+
     /// The multiplexed connection `manager` made for `client`, replaced with the same settings
     /// when it stalls.
     fn multiplexed_conn(&self, manager: ConnectionManager, client: redis::Client) -> Conn {
@@ -447,10 +525,53 @@ impl RedisStoreBuilder {
             .set_max_delay(Duration::from_millis(500))
     }
 
+    /// The connection to the primary `sentinels` name for `master`, logged in with `primary`
+    /// (see [`RedisStore::sentinel`]); connects on first use.
+    fn sentinel_conn(
+        &self,
+        master: &str,
+        sentinels: &RedactedUrls,
+        primary: &PrimaryAuth,
+    ) -> Result<SentinelConn, StoreError> {
+        if sentinels.0.is_empty() {
+            return Err(StoreError::unavailable(
+                "no sentinel URLs given".to_owned(),
+                redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no sentinels")),
+            ));
+        }
+        // One client per sentinel, so that they are asked side by side and a sentinel
+        // that hangs is not waited for (see `SentinelConn`); each with the primary's
+        // credentials and database, for every primary the sentinels name.
+        let clients = sentinels
+            .0
+            .iter()
+            .map(|url| {
+                SentinelClient::build(
+                    vec![url.as_str()],
+                    master.to_owned(),
+                    Some(primary.node_connection_info()),
+                    SentinelServerType::Master,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("Sentinel configuration", e))?;
+        // And one more per sentinel to watch it for failovers (see `SentinelConn`), over
+        // RESP3 whatever the URL says: a subscribed connection runs commands only there.
+        let watched = sentinels
+            .0
+            .iter()
+            .map(|url| watch_client(url))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("Sentinel configuration", e))?;
+        Ok(SentinelConn::new(
+            clients,
+            master,
+            watched,
+            self.connect_timeout,
+        ))
+    }
+
     async fn connect(&self) -> Result<Conn, StoreError> {
-        let invalid = |what: &str, e: redis::RedisError| {
-            StoreError::unavailable(format!("invalid {what}: {e}"), e)
-        };
         match &self.target {
             Target::Url(url) => {
                 let client = client_for(url)?;
@@ -473,47 +594,9 @@ impl RedisStoreBuilder {
                 master,
                 sentinels,
                 primary,
-            } => {
-                if sentinels.0.is_empty() {
-                    return Err(StoreError::unavailable(
-                        "no sentinel URLs given".to_owned(),
-                        redis::RedisError::from((
-                            redis::ErrorKind::EmptySentinelList,
-                            "no sentinels",
-                        )),
-                    ));
-                }
-                // One client per sentinel, so that they are asked side by side and a sentinel
-                // that hangs is not waited for (see `SentinelConn`); each with the primary's
-                // credentials and database, for every primary the sentinels name.
-                let clients = sentinels
-                    .0
-                    .iter()
-                    .map(|url| {
-                        SentinelClient::build(
-                            vec![url.as_str()],
-                            master.clone(),
-                            Some(primary.node_connection_info()),
-                            SentinelServerType::Master,
-                        )
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| invalid("Sentinel configuration", e))?;
-                // And one more per sentinel to watch it for failovers (see `SentinelConn`), over
-                // RESP3 whatever the URL says: a subscribed connection runs commands only there.
-                let watched = sentinels
-                    .0
-                    .iter()
-                    .map(|url| watch_client(url))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| invalid("Sentinel configuration", e))?;
-                Ok(Conn::Sentinel(Arc::new(SentinelConn::new(
-                    clients,
-                    master,
-                    watched,
-                    self.connect_timeout,
-                ))))
-            }
+            } => self
+                .sentinel_conn(master, sentinels, primary)
+                .map(|conn| Conn::Sentinel(Arc::new(conn))),
             Target::Cluster(RedactedUrls(nodes)) => {
                 if nodes.is_empty() {
                     return Err(StoreError::unavailable(
@@ -558,6 +641,11 @@ impl RedisStoreBuilder {
             }
         }
     }
+}
+
+/// A configuration redis-rs refuses (`what`: which), as the store reports it.
+fn invalid(what: &str, e: redis::RedisError) -> StoreError {
+    StoreError::unavailable(format!("invalid {what}: {e}"), e)
 }
 
 /// The redis-rs client a store opens for the single server at `url`: over RESP3 unless the

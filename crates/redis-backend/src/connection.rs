@@ -929,7 +929,17 @@ impl SentinelConn {
         })?
     }
 
-    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+    /// A client for the primary the sentinels name now (its `ROLE` checked), asked within the
+    /// resolve timeout, for a connection of the caller's own: the policy registry subscribes
+    /// through it. The store's connection is not touched.
+    pub(crate) async fn primary_client(&self) -> RedisResult<redis::Client> {
+        let mut clients = self.clients.lock().await;
+        tokio::time::timeout(self.resolve_timeout, first_primary(&mut clients))
+            .await
+            .map_err(|_| timed_out("resolving the primary through Sentinel"))?
+    }
+
+    pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         self.send(
             async |conn| conn.req_packed_command(cmd).await,
             |result| match result {
@@ -941,7 +951,7 @@ impl SentinelConn {
         .await
     }
 
-    async fn pipeline(
+    pub(crate) async fn pipeline(
         &self,
         pipe: &Pipeline,
         offset: usize,

@@ -20,6 +20,7 @@ use redis::{Script, Value};
 use tollgate_core::{Key, Policy, SpecError, StoreError};
 
 use crate::builder::{check_prefix, client_for};
+use crate::connection::SentinelConn;
 use crate::error::classify;
 
 /// Why a registry call failed.
@@ -90,22 +91,38 @@ pub enum Published {
 /// succeeds. Over RESP2 the first call after such a close fails as unavailable.
 #[derive(Clone)]
 pub struct RedisRegistry {
-    /// The URL's server (subscriptions go there; on a Cluster, publications reach every node).
-    client: redis::Client,
-    config: ConnectionManagerConfig,
+    /// Where subscriptions go, and how a connection is made again.
+    origin: Origin,
     conn: Arc<ArcSwap<RegistryConn>>,
     key: String,
     timeout: Duration,
 }
 
+/// What a registry was connected to. (One per registry, shared by its clones: its size is
+/// of no account.)
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+enum Origin {
+    /// The URL's server (subscriptions go there; on a Cluster, publications reach every node),
+    /// with the settings its connections are made with.
+    Url {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    },
+    /// The primary the sentinels name, asked again for each subscription.
+    Sentinel(Arc<SentinelConn>),
+}
+
 /// The connection the registry's commands go over: to the URL's server, or — once that server
 /// answered `MOVED` or `ASK`, a Redis Cluster node — a cluster connection seeded with it, which
 /// follows the hash's slot through redirections, migrations and failovers as the cluster
-/// reports them.
+/// reports them; or to the primary the sentinels name, which follows failovers as the Sentinel
+/// store does ([`RedisStoreBuilder::build_registry`](crate::RedisStoreBuilder::build_registry)).
 #[derive(Clone)]
 enum RegistryConn {
     Single(ConnectionManager),
     Cluster(redis::cluster_async::ClusterConnection),
+    Sentinel(Arc<SentinelConn>, i64),
 }
 
 impl redis::aio::ConnectionLike for RegistryConn {
@@ -113,6 +130,11 @@ impl redis::aio::ConnectionLike for RegistryConn {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            // An error reply as `Err`, as the other connections give it (a script's `NOSCRIPT`
+            // then has `invoke_async` send the script itself).
+            Self::Sentinel(s, _) => {
+                Box::pin(async move { s.command(cmd).await.and_then(Value::extract_error) })
+            }
         }
     }
 
@@ -125,6 +147,7 @@ impl redis::aio::ConnectionLike for RegistryConn {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(s, _) => Box::pin(s.pipeline(pipeline, offset, count)),
         }
     }
 
@@ -132,6 +155,7 @@ impl redis::aio::ConnectionLike for RegistryConn {
         match self {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Sentinel(_, db) => *db,
         }
     }
 }
@@ -238,9 +262,10 @@ impl RedisRegistry {
     /// On a Redis Cluster, give it any node's URL: the node says it is one (`HELLO`), and the
     /// registry's commands go over a cluster connection seeded with it, which follows the
     /// hash's slot through migrations and failovers; subscriptions stay on the URL's node and
-    /// hear publications made on any. Under Sentinel it talks to the
-    /// URL's server only: give it the primary's, and after a failover a new one (a demoted
-    /// primary refuses publications as `READONLY`).
+    /// hear publications made on any. A URL names one server, and a registry connected by URL
+    /// stays on it: under Sentinel, build the registry from the store's builder instead
+    /// ([`RedisStoreBuilder::build_registry`](crate::RedisStoreBuilder::build_registry)),
+    /// which follows the primary through failovers.
     pub async fn connect(
         url: &str,
         prefix: &str,
@@ -274,8 +299,7 @@ impl RedisRegistry {
         .await
         .is_ok_and(|reply| reply.is_ok_and(|v| says_cluster(&v)));
         let registry = Self {
-            client,
-            config,
+            origin: Origin::Url { client, config },
             conn: Arc::new(ArcSwap::from_pointee(RegistryConn::Single(conn))),
             key: format!("{prefix}registry"),
             timeout,
@@ -287,6 +311,24 @@ impl RedisRegistry {
                 .map_err(|e| classify(&e))?;
         }
         Ok(registry)
+    }
+
+    /// A registry on the primary the sentinels behind `conn` name (database `db`), under the
+    /// key prefix `prefix` (checked by the caller), with call deadline `timeout`: its commands
+    /// follow failovers as the Sentinel store's do, and each subscription goes to the primary
+    /// named when it is made. Connects on first use.
+    pub(crate) fn on_sentinel(
+        conn: Arc<SentinelConn>,
+        db: i64,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            origin: Origin::Sentinel(Arc::clone(&conn)),
+            conn: Arc::new(ArcSwap::from_pointee(RegistryConn::Sentinel(conn, db))),
+            key: format!("{prefix}registry"),
+            timeout,
+        }
     }
 
     /// The shared connection.
@@ -319,21 +361,23 @@ impl RedisRegistry {
         // made the first one, so they make this one), or on a Cluster a new cluster connection
         // seeded with it, made in the background (this call keeps its deadline; the old
         // connection serves until the new one is made, and stays if it cannot be).
-        match *self.conn.load_full() {
-            RegistryConn::Cluster(_) => {
+        // Under Sentinel the connection watches itself: a call abandoned after a silent wait
+        // has it probed, and dropped if the probe gets no answer (as the store's).
+        match (&*self.conn.load_full(), &self.origin) {
+            (RegistryConn::Cluster(_), _) => {
                 let registry = self.clone();
                 tokio::spawn(async move {
                     let _ = tokio::time::timeout(registry.timeout, registry.to_cluster()).await;
                 });
             }
-            RegistryConn::Single(_) => {
-                if let Ok(fresh) = ConnectionManager::new_lazy_with_config(
-                    self.client.clone(),
-                    self.config.clone(),
-                ) {
+            (RegistryConn::Single(_), Origin::Url { client, config }) => {
+                if let Ok(fresh) =
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                {
                     self.conn.store(Arc::new(RegistryConn::Single(fresh)));
                 }
             }
+            _ => {}
         }
         Err(RegistryError::Store(error))
     }
@@ -343,7 +387,8 @@ impl RedisRegistry {
     /// (`Unchanged`); an announcement, which a follower acts on twice as once — so one that
     /// finds its connection dropped (the server closed it while idle, and the close had not
     /// been heard when the command went out) is sent once more, within the same deadline, on
-    /// the connection the manager makes in its place.
+    /// the connection the manager makes in its place (under Sentinel, on the primary the
+    /// sentinels name then).
     async fn call<T, F>(&self, run: impl Fn(RegistryConn) -> F) -> Result<T, RegistryError>
     where
         F: Future<Output = redis::RedisResult<T>>,
@@ -368,7 +413,13 @@ impl RedisRegistry {
     /// failovers; subscriptions stay on the URL's node (Redis broadcasts `PUBLISH` over the
     /// cluster bus).
     async fn to_cluster(&self) -> redis::RedisResult<()> {
-        let info = self.client.get_connection_info().clone();
+        let Origin::Url { client, .. } = &self.origin else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a redirection under Sentinel",
+            )));
+        };
+        let info = client.get_connection_info().clone();
         let protocol = info.redis_settings().protocol();
         let client = redis::cluster::ClusterClient::builder([info])
             .use_protocol(protocol)
@@ -470,9 +521,19 @@ impl RedisRegistry {
     }
 
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy
-    /// published from now on (and each reset announced), until its connection drops.
+    /// published from now on (and each reset announced), until its connection drops. Under
+    /// Sentinel it is made to the primary the sentinels name now; a primary deposed while it
+    /// stays up hears later publications once it replicates from the new one (Redis
+    /// replicates `PUBLISH`), one that died ends the subscription's answers
+    /// ([`Subscription::alive`]), and a follower then subscribes again.
     pub async fn subscribe(&self) -> Result<Subscription, RegistryError> {
-        let pubsub = self.deadline(self.client.get_async_pubsub()).await?;
+        let pubsub = match &self.origin {
+            Origin::Url { client, .. } => self.deadline(client.get_async_pubsub()).await?,
+            Origin::Sentinel(s) => {
+                self.deadline(async { s.primary_client().await?.get_async_pubsub().await })
+                    .await?
+            }
+        };
         let (mut sink, stream) = pubsub.split();
         self.deadline(sink.subscribe(&self.key)).await?;
         Ok(Subscription {

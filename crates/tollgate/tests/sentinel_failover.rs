@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::limiter_with_breaker;
-use tollgate::redis::RedisStore;
+use tollgate::redis::{Published, RedisStore};
+use tollgate::registry::PolicyFollower;
 use tollgate::{
     Acquire, Enforcement, Error, ErrorClass, FailureMode, Key, Limiter, Policy, Rate, Store,
 };
@@ -273,4 +274,94 @@ async fn limiters_ride_out_a_sentinel_failover_and_resume_on_the_promoted_replic
         (0, 0),
         "state the replica had acknowledged survives"
     );
+}
+
+/// Policy `g` of the registry test: a fixed window, generation `g`.
+fn generation(g: u64) -> Policy {
+    Policy::fixed_window(10, Duration::from_secs(3600))
+        .unwrap()
+        .with_generation(g)
+}
+
+/// A policy registry built from the Sentinel store's builder follows the primary through a
+/// failover: a publication after the primary died is stored on the promoted replica through
+/// the same registry, a follower started before the failover switches to it, and a
+/// subscription made afterwards hears publications on the new primary. (A registry connected
+/// by URL to the old primary can do none of it: every call fails while it is dead.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_built_for_sentinel_follows_the_primary_through_a_failover() {
+    let mut topology = tokio::task::block_in_place(|| SentinelCluster::start("registry"));
+    let builder = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+        .timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1));
+    let registry = builder
+        .build_registry()
+        .await
+        .expect("registry through Sentinel");
+    let store = builder.build().await.expect("store through Sentinel");
+    let limiter = Limiter::builder("api", generation(1))
+        .store(Arc::new(store))
+        .failure_mode(FailureMode::Closed)
+        .build()
+        .unwrap();
+    let mut follower = PolicyFollower::start(
+        registry.clone(),
+        "api",
+        std::slice::from_ref(&limiter),
+        Duration::from_millis(200),
+    )
+    .await
+    .expect("follower through Sentinel");
+    let bound = follower.bound() + Duration::from_secs(1);
+
+    registry.publish("api", &generation(2)).await.unwrap();
+    let switched = tokio::time::timeout(bound, follower.changed()).await;
+    assert_eq!(switched.map(|p| p.generation()).ok(), Some(2));
+    tokio::task::block_in_place(|| topology.wait_replica_synced(Duration::from_secs(5)));
+
+    let killed = topology.kill_primary();
+    let promoted = tokio::task::block_in_place(|| topology.wait_for_failover(RECOVERY_BOUND));
+    eprintln!("killed data server {killed}; replica promoted after {promoted:?}");
+    // The same registry publishes on the promoted replica once its calls reach it (the first
+    // may still meet the dead primary's connection, or the sentinels' old view).
+    let deadline = Instant::now() + RECOVERY_BOUND;
+    let mut failed = Vec::new();
+    let published = loop {
+        match registry.publish("api", &generation(3)).await {
+            Ok(published) => break published,
+            Err(e) if Instant::now() < deadline && failed.len() < 400 => {
+                failed.push(e.to_string());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no publication within {RECOVERY_BOUND:?}: {e} (before: {failed:?})"),
+        }
+    };
+    eprintln!(
+        "publication after the failover: {} failed first",
+        failed.len()
+    );
+    assert_eq!(published, Published::Stored);
+    assert_eq!(
+        registry.get("api").await.unwrap().map(|p| p.generation()),
+        Some(3),
+        "the promoted replica holds the publication"
+    );
+    let switched = tokio::time::timeout(bound, follower.changed()).await;
+    assert_eq!(
+        switched.map(|p| p.generation()).ok(),
+        Some(3),
+        "the follower started before the failover did not take the publication made after it"
+    );
+    assert_eq!(limiter.policy().generation(), 3);
+
+    // A subscription made now is on the new primary, and hears its publications.
+    let mut sub = registry
+        .subscribe()
+        .await
+        .expect("a subscription after the failover");
+    registry.publish("api", &generation(4)).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(2), sub.next()).await;
+    assert_eq!(heard.ok().flatten().as_deref(), Some("api"));
+    let switched = tokio::time::timeout(bound, follower.changed()).await;
+    assert_eq!(switched.map(|p| p.generation()).ok(), Some(4));
 }
