@@ -803,6 +803,23 @@ struct Current {
     addr: Option<(String, u16)>,
     /// The current connection's.
     health: Arc<Health>,
+    /// The primary the sentinels named last: by a resolution, or by a watch (a
+    /// `+switch-master`, or the catch-up question when it subscribes). What a registry's
+    /// subscription compares its own server with ([`SentinelConn::deposed`]).
+    named: tokio::sync::watch::Sender<Option<(String, u16)>>,
+}
+
+impl Current {
+    /// Records `primary` as the one the sentinels name now.
+    fn name(&self, primary: &(String, u16)) {
+        self.named.send_if_modified(|named| {
+            let changed = named.as_ref() != Some(primary);
+            if changed {
+                *named = Some(primary.clone());
+            }
+            changed
+        });
+    }
 }
 
 impl Drop for SentinelConn {
@@ -920,6 +937,9 @@ impl SentinelConn {
             let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
             current.generation += 1;
             current.conn = Some(conn.clone());
+            if let Some(addr) = &addr {
+                current.name(addr);
+            }
             current.addr = addr;
             current.health = health;
             Ok((current.generation, conn, Arc::clone(&current.health)))
@@ -937,6 +957,42 @@ impl SentinelConn {
         tokio::time::timeout(self.resolve_timeout, first_primary(&mut clients))
             .await
             .map_err(|_| timed_out("resolving the primary through Sentinel"))?
+    }
+
+    /// Resolves once the sentinels name a primary other than `client`'s server (at once if
+    /// they do already; never for a client without a host and port): a connection of the
+    /// caller's own on that server is on a deposed primary, which may stay up and answer as
+    /// master until the sentinels convert it, some 10 s later. Named by this connection's
+    /// resolutions and its watches; a watch that ended (this connection dropped) names no
+    /// one again, and this never resolves.
+    pub(crate) fn deposed(
+        &self,
+        client: &redis::Client,
+    ) -> impl Future<Output = ()> + Send + 'static + use<> {
+        let own = host_port(client.get_connection_info().addr());
+        let mut named = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .named
+            .subscribe();
+        async move {
+            let Some(own) = own else {
+                return std::future::pending().await;
+            };
+            loop {
+                if named
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|n| *n != own)
+                {
+                    return;
+                }
+                if named.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
     }
 
     pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
@@ -1133,6 +1189,7 @@ fn depose(current: &std::sync::Weak<Mutex<Current>>, primary: &(String, u16)) {
         return;
     };
     let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
+    current.name(primary);
     if current.conn.is_some() && current.addr.as_ref().is_some_and(|addr| addr != primary) {
         current.conn = None;
         current.addr = None;

@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -522,24 +523,44 @@ impl RedisRegistry {
 
     /// Subscribes to publications: the returned [`Subscription`] yields the name of each policy
     /// published from now on (and each reset announced), until its connection drops. Under
-    /// Sentinel it is made to the primary the sentinels name now; a primary deposed while it
-    /// stays up hears later publications once it replicates from the new one (Redis
-    /// replicates `PUBLISH`), one that died ends the subscription's answers
-    /// ([`Subscription::alive`]), and a follower then subscribes again.
+    /// Sentinel it is made to the primary the sentinels name now, and ends as soon as they
+    /// name another (a `+switch-master` heard by the registry's watches, or a resolution of its
+    /// calls): a primary deposed while it stays up answers as master, and its subscribers'
+    /// `PING`, until the sentinels convert it some 10 s later, and hears nothing published on
+    /// the new one meanwhile. A [`PolicyFollower`](https://docs.rs/tollgate) whose
+    /// subscription ended subscribes again, on the primary named then.
     pub async fn subscribe(&self) -> Result<Subscription, RegistryError> {
-        let pubsub = match &self.origin {
-            Origin::Url { client, .. } => self.deadline(client.get_async_pubsub()).await?,
+        let (pubsub, deposed) = match &self.origin {
+            Origin::Url { client, .. } => (self.deadline(client.get_async_pubsub()).await?, None),
             Origin::Sentinel(s) => {
-                self.deadline(async { s.primary_client().await?.get_async_pubsub().await })
-                    .await?
+                self.deadline(async {
+                    let client = s.primary_client().await?;
+                    let deposed = s.deposed(&client);
+                    Ok((client.get_async_pubsub().await?, Some(deposed)))
+                })
+                .await?
             }
         };
         let (mut sink, stream) = pubsub.split();
         self.deadline(sink.subscribe(&self.key)).await?;
+        // Under Sentinel the stream ends once its server is deposed, and the subscription is
+        // no longer alive.
+        let ended = Arc::new(AtomicBool::new(false));
+        let until = {
+            let ended = Arc::clone(&ended);
+            async move {
+                match deposed {
+                    Some(deposed) => deposed.await,
+                    None => std::future::pending().await,
+                }
+                ended.store(true, Ordering::Release);
+            }
+        };
         Ok(Subscription {
             sink,
             timeout: self.timeout,
-            stream: Box::pin(stream.filter_map(|msg| async move {
+            ended,
+            stream: Box::pin(stream.take_until(until).filter_map(|msg| async move {
                 let Ok(Value::BulkString(payload)) = msg.get_payload::<Value>() else {
                     return None;
                 };
@@ -576,6 +597,8 @@ pub enum Notice {
 pub struct Subscription {
     sink: redis::aio::PubSubSink,
     timeout: Duration,
+    /// Set when its server was deposed (under Sentinel): the stream has ended.
+    ended: Arc<AtomicBool>,
     stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = Notice> + Send>>,
 }
 
@@ -603,12 +626,14 @@ impl Subscription {
 
     /// Whether the subscription's connection still answers: a `PING` on it within the
     /// registry's timeout. A connection whose path died without a reset never ends the
-    /// stream of notices, only falls silent, so a follower asks now and then.
+    /// stream of notices, only falls silent, so a follower asks now and then. Under Sentinel,
+    /// never once its server was deposed (the stream ended then).
     pub async fn alive(&mut self) -> bool {
-        matches!(
-            tokio::time::timeout(self.timeout, self.sink.ping::<Value>()).await,
-            Ok(Ok(_))
-        )
+        !self.ended.load(Ordering::Acquire)
+            && matches!(
+                tokio::time::timeout(self.timeout, self.sink.ping::<Value>()).await,
+                Ok(Ok(_))
+            )
     }
 }
 

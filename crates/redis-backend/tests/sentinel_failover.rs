@@ -262,3 +262,72 @@ async fn the_sentinel_watches_end_with_the_store() {
     drop(store);
     assert_eq!(wait_subscribers(&topology, 0).await, vec![Some(0); 3]);
 }
+
+/// A registry subscription made on the primary ends once the sentinels name another
+/// (`SENTINEL FAILOVER`: the deposed primary stays up, answers as master and its subscribers'
+/// `PING` until the sentinels convert it, some 10 s later, and hears nothing published on the
+/// new one meanwhile), and is no longer alive; a new subscription hears the new primary.
+/// (Before: it stayed open and alive on the deposed primary until the conversion closed it,
+/// ~11 s after the failover, deaf to every publication and reset made meanwhile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_subscription_ends_when_its_primary_is_deposed() {
+    let topology = tokio::task::block_in_place(|| SentinelCluster::start("regdeposed"));
+    let registry = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+        .timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1))
+        .build_registry()
+        .await
+        .expect("registry through Sentinel");
+    let generation = |g: u64| policy().with_generation(g);
+    let mut sub = registry.subscribe().await.unwrap();
+    registry.publish("api", &generation(1)).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(2), sub.next()).await;
+    assert_eq!(heard.ok().flatten().as_deref(), Some("api"));
+
+    let mut sentinel = topology.sentinels()[1]
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(topology.master_name())
+        .exec_async(&mut sentinel)
+        .await
+        .unwrap();
+    let ended = tokio::spawn(async move {
+        let next = tokio::time::timeout(Duration::from_secs(20), sub.next_notice()).await;
+        (next, start.elapsed(), sub.alive().await)
+    });
+    let promoted =
+        tokio::task::block_in_place(|| topology.wait_for_failover(Duration::from_secs(20)));
+    let (next, ended_at, alive) = ended.await.unwrap();
+    let old_role = role(&topology.data_servers()[0]).await;
+    eprintln!(
+        "replica promoted at {promoted:?}; the old subscription ended at {ended_at:?} \
+         ({next:?}, alive: {alive}); the deposed primary's role now {old_role:?}"
+    );
+    assert_eq!(
+        next.ok(),
+        Some(None),
+        "the subscription on the deposed primary ends"
+    );
+    assert!(!alive, "a subscription on a deposed primary is not alive");
+    assert!(
+        ended_at < promoted + Duration::from_secs(5),
+        "the subscription on the deposed primary ended {:?} after the promotion",
+        ended_at.saturating_sub(promoted)
+    );
+
+    // A new one is on the new primary.
+    let mut sub = registry.subscribe().await.unwrap();
+    let mut failed = 0;
+    while let Err(e) = registry.publish("api", &generation(2)).await {
+        failed += 1;
+        assert!(failed < 100, "no publication on the new primary: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let heard = tokio::time::timeout(Duration::from_secs(2), sub.next()).await;
+    assert_eq!(heard.ok().flatten().as_deref(), Some("api"));
+}

@@ -365,3 +365,89 @@ async fn a_registry_built_for_sentinel_follows_the_primary_through_a_failover() 
     let switched = tokio::time::timeout(bound, follower.changed()).await;
     assert_eq!(switched.map(|p| p.generation()).ok(), Some(4));
 }
+
+/// Two instances, each with a deny cache and a follower of a registry built from its store's
+/// builder (poll 200 ms), and a `SENTINEL FAILOVER` (the deposed primary stays up and answers
+/// as master until the sentinels convert it, some 10 s later). Once the sentinels name the
+/// promoted replica, instance a resets a key b holds a cached denial of (an hour long): the
+/// reset is announced on the new primary, and b forgets its denial. (Before: b's subscription
+/// stayed on the deposed primary, which answered its `PING`, and b kept denying the key 20 s
+/// later and for the rest of the hour: the announcement was lost for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_announced_after_a_manual_failover_reaches_every_follower() {
+    let topology = tokio::task::block_in_place(|| SentinelCluster::start("regreset"));
+    let builder = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+        .timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1));
+    let policy: Policy = "token-bucket:capacity=1,rate=1,period=1h".parse().unwrap();
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let limiter = Limiter::builder("api", policy)
+            .store(Arc::new(builder.clone().build().await.unwrap()))
+            .failure_mode(FailureMode::Closed)
+            .deny_cache(100)
+            .build()
+            .unwrap();
+        let follower = PolicyFollower::start(
+            builder.build_registry().await.unwrap(),
+            "api",
+            std::slice::from_ref(&limiter),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+        instances.push((limiter, follower));
+    }
+    let [(a, follower_a), (b, _follower_b)] = &instances[..] else {
+        unreachable!()
+    };
+    assert!(a.check(["k"], 1).await.unwrap().allowed);
+    assert!(
+        !b.check(["k"], 1).await.unwrap().allowed,
+        "cached for the hour"
+    );
+    tokio::task::block_in_place(|| topology.wait_replica_synced(Duration::from_secs(5)));
+
+    let mut sentinel = topology.sentinels()[1]
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(topology.master_name())
+        .exec_async(&mut sentinel)
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| topology.wait_for_failover(Duration::from_secs(20)));
+    // The followers' subscriptions move within a resubscription's back-off (100 ms).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut failed = 0;
+    while let Err(e) = follower_a.reset(a, ["k"]).await {
+        failed += 1;
+        assert!(failed < 50, "no reset through a's follower: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reset = start.elapsed();
+    let within = Duration::from_secs(5);
+    let announced = Instant::now();
+    let admitted = loop {
+        if b.check(["k"], 1).await.is_ok_and(|d| d.allowed) {
+            break Some(announced.elapsed());
+        }
+        if announced.elapsed() > within {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "reset announced {reset:?} after SENTINEL FAILOVER ({failed} attempts failed first); \
+         b admitted the key {admitted:?} after it"
+    );
+    assert!(
+        admitted.is_some(),
+        "b still answers its cached denial {within:?} after a reset announced on the promoted \
+         primary ({reset:?} after SENTINEL FAILOVER)"
+    );
+}
