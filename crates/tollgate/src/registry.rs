@@ -17,7 +17,9 @@
 //! connection that falls silent (a path that died without a reset) is replaced after a call
 //! times out, and each poll checks that the subscription answers a `PING`, resubscribing if
 //! it does not: a silent subscription would never end, and its notices (resets among them)
-//! would be lost for good.
+//! would be lost for good. A subscription that ends (its connection closed; under Sentinel,
+//! its server deposed) is made again after a back-off of its own, 100 ms doubling to 5 s while
+//! new ones keep ending, whatever the poll interval, and the entry is read then.
 //!
 //! A registry that loses the followed generation (its server restarted empty, flushed, an
 //! entry edited down) gets it back: a follower that reads nothing, or an older generation, than
@@ -77,6 +79,12 @@ pub struct PolicyFollower {
     registry: RedisRegistry,
     name: String,
 }
+
+/// The first wait before subscribing again after a follower's subscription ended
+/// ([`Follow::run`]), doubled at each attempt up to [`RESUBSCRIBE_MAX`].
+const RESUBSCRIBE_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait before subscribing again.
+const RESUBSCRIBE_MAX: Duration = Duration::from_secs(5);
 
 /// Whether `published` should replace `current`: a higher generation, or the same generation
 /// with other contents (the registry is the source of truth for the name).
@@ -206,43 +214,59 @@ impl Follow {
         let mut tick = tokio::time::interval(poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        // The wait before subscribing again after a subscription ended: its own, not the poll
+        // interval (a follower relying on notifications, with an unbounded interval, would
+        // never subscribe again), doubled at each attempt up to a bound, so that a server
+        // closing every new subscription cannot make this loop spin; back to the least once a
+        // subscription has carried a notice or answered a poll's check.
+        let mut resubscribe = RESUBSCRIBE_FIRST;
         loop {
             if let Some(s) = &mut sub {
                 let polled = tokio::select! {
                     notice = s.next_notice() => match notice {
-                        Some(Notice::Published(name)) if name == self.name => false,
+                        Some(Notice::Published(name)) if name == self.name => {
+                            resubscribe = RESUBSCRIBE_FIRST;
+                            false
+                        }
                         Some(Notice::Reset { name, key }) if name == self.name => {
                             for l in &self.limiters {
                                 l.forget_reset_key(&key);
                             }
+                            resubscribe = RESUBSCRIBE_FIRST;
                             continue;
                         }
                         Some(_) => continue,
                         None => {
-                            tracing::warn!(name = %self.name, "policy registry subscription lost; resubscribing at the next poll");
+                            tracing::warn!(name = %self.name, wait = ?resubscribe, "policy registry subscription lost; resubscribing");
                             sub = None;
-                            false
+                            continue;
                         }
                     },
                     _ = tick.tick() => true,
                 };
                 // A subscription whose path died silently never ends: each poll checks that
                 // it still answers.
-                if polled
-                    && let Some(s) = &mut sub
-                    && !s.alive().await
-                {
-                    tracing::warn!(name = %self.name, "policy registry subscription stalled; resubscribing");
-                    // At once (a poll interval has passed): notices sent until it is back are
-                    // lost (the poll still catches publications, not resets). A subscription
-                    // that ended waits for the next tick instead, so that a server closing
-                    // every new one cannot make this loop spin.
-                    sub = self.registry.subscribe().await.ok();
+                if polled && let Some(s) = &mut sub {
+                    if s.alive().await {
+                        resubscribe = RESUBSCRIBE_FIRST;
+                    } else {
+                        tracing::warn!(name = %self.name, "policy registry subscription stalled; resubscribing");
+                        // At once (a poll interval has passed): notices sent until it is back
+                        // are lost (the poll still catches publications, not resets).
+                        sub = self.registry.subscribe().await.ok();
+                    }
                 }
             } else {
-                tick.tick().await;
+                // Whichever comes first: the poll still polls meanwhile.
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = tokio::time::sleep(resubscribe) => {}
+                }
+                resubscribe = (resubscribe * 2).min(RESUBSCRIBE_MAX);
                 sub = self.registry.subscribe().await.ok();
             }
+            // After a poll, a notification, or a new subscription (publications made while
+            // there was none are read now).
             self.refresh().await;
         }
     }

@@ -637,3 +637,43 @@ async fn a_follower_with_an_unbounded_poll_interval_follows_notifications() {
         limiter.policy()
     );
 }
+
+/// A follower relying on notifications alone (`Duration::MAX`: no poll) whose subscription is
+/// lost subscribes again on its own back-off and reads what was published meanwhile. Before,
+/// it waited for the next poll to subscribe again, ten years away: deaf for good.
+#[tokio::test]
+async fn a_follower_relying_on_notifications_subscribes_again_after_losing_its_subscription() {
+    let server = RedisServer::start();
+    let g1 = spec("fixed-window:limit=10,window=30d,generation=1,transition=reset");
+    registry(&server).await.publish("api", &g1).await.unwrap();
+    let l = instance(&server, g1).await;
+    let mut f = follow(&server, std::slice::from_ref(&l), Duration::MAX).await;
+    let g2 = spec("fixed-window:limit=5,window=30d,generation=2,transition=carry");
+    registry(&server).await.publish("api", &g2).await.unwrap();
+    converge(std::slice::from_mut(&mut f), 2, Duration::from_secs(5)).await;
+
+    // Lost, and a publication made before it is back.
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"])
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    assert_eq!(killed, 1);
+    let g3 = spec("fixed-window:limit=8,window=30d,generation=3,transition=carry");
+    registry(&server).await.publish("api", &g3).await.unwrap();
+    let took = converge(std::slice::from_mut(&mut f), 3, Duration::from_secs(5)).await;
+    eprintln!("generation 3, published while the subscription was down, taken in {took:?}");
+    // And the new subscription carries the next one.
+    let g4 = spec("fixed-window:limit=9,window=30d,generation=4,transition=carry");
+    let subscribed = eventually(Duration::from_secs(5), || {
+        let channel = "tollgate:registry";
+        redis::cmd("PUBSUB")
+            .arg(&["NUMSUB", channel])
+            .query::<(String, u64)>(&mut server.client().get_connection().unwrap())
+            .is_ok_and(|(_, n)| n == 1)
+    })
+    .await;
+    assert!(subscribed, "no new subscription");
+    registry(&server).await.publish("api", &g4).await.unwrap();
+    converge(std::slice::from_mut(&mut f), 4, Duration::from_secs(5)).await;
+    assert_eq!(l.policy(), g4);
+}
