@@ -145,19 +145,9 @@ async fn leaves_the_deposed_primary(name: &str, freeze_first: bool) {
     if freeze_first {
         topology.sentinel_mut(0).pause();
     }
-    let (old, new) = (&topology.data_servers()[0], &topology.data_servers()[1]);
-    let mut sentinel = topology.sentinels()[1]
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let start = Instant::now();
-    redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(name)
-        .exec_async(&mut sentinel)
-        .await
-        .unwrap();
+    tokio::task::block_in_place(|| topology.fail_over_via(1));
+    let (old, new) = (&topology.data_servers()[0], &topology.data_servers()[1]);
     let (mut promoted, mut demoted) = (None, None);
     // decisions taken by the deposed primary alone, after the promotion
     let mut on_old_only = Vec::new();
@@ -271,7 +261,7 @@ async fn the_sentinel_watches_end_with_the_store() {
 /// ~11 s after the failover, deaf to every publication and reset made meanwhile.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_subscription_ends_when_its_primary_is_deposed() {
-    let topology = tokio::task::block_in_place(|| SentinelCluster::start("regdeposed"));
+    let mut topology = tokio::task::block_in_place(|| SentinelCluster::start("regdeposed"));
     let registry = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
         .timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_secs(1))
@@ -284,18 +274,8 @@ async fn a_registry_subscription_ends_when_its_primary_is_deposed() {
     let heard = tokio::time::timeout(Duration::from_secs(2), sub.next()).await;
     assert_eq!(heard.ok().flatten().as_deref(), Some("api"));
 
-    let mut sentinel = topology.sentinels()[1]
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let start = Instant::now();
-    redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(topology.master_name())
-        .exec_async(&mut sentinel)
-        .await
-        .unwrap();
+    tokio::task::block_in_place(|| topology.fail_over_via(1));
     let ended = tokio::spawn(async move {
         let next = tokio::time::timeout(Duration::from_secs(20), sub.next_notice()).await;
         (next, start.elapsed(), sub.alive().await)

@@ -49,7 +49,8 @@ pub struct SentinelCluster {
     master_name: String,
     data: Vec<RedisServer>,
     sentinels: Vec<RedisServer>,
-    /// The primary's address and the instant [`kill_primary`](Self::kill_primary) killed it.
+    /// The primary's address and the instant [`kill_primary`](Self::kill_primary) killed it
+    /// (or [`fail_over_via`](Self::fail_over_via) deposed it).
     killed: Option<((String, u16), Instant)>,
 }
 
@@ -192,6 +193,29 @@ impl SentinelCluster {
         self.data[index].kill();
         self.killed = Some(((HOST.to_owned(), port), Instant::now()));
         index
+    }
+
+    /// Asks sentinel `via` (an index into [`sentinels`](Self::sentinels)) for a manual
+    /// failover (`SENTINEL FAILOVER`): the primary is deposed while it stays up, and a replica
+    /// promoted. Remembers the deposed primary and when, as [`kill_primary`](Self::kill_primary)
+    /// does, for [`wait_for_failover`](Self::wait_for_failover).
+    ///
+    /// # Panics
+    /// If the sentinel refuses (or does not answer within 2 s).
+    pub fn fail_over_via(&mut self, via: usize) {
+        let primary = self.current_primary();
+        let mut conn = self.sentinels[via]
+            .client()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("sentinel {via}: {e}"));
+        conn.set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap_or_else(|e| panic!("sentinel {via}: {e}"));
+        redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(&self.master_name)
+            .exec(&mut conn)
+            .unwrap_or_else(|e| panic!("SENTINEL FAILOVER through sentinel {via}: {e}"));
+        self.killed = Some((primary, Instant::now()));
     }
 
     /// Waits until a majority of the sentinels report a primary other than the one

@@ -375,7 +375,7 @@ async fn a_registry_built_for_sentinel_follows_the_primary_through_a_failover() 
 /// later and for the rest of the hour: the announcement was lost for good.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_announced_after_a_manual_failover_reaches_every_follower() {
-    let topology = tokio::task::block_in_place(|| SentinelCluster::start("regreset"));
+    let mut topology = tokio::task::block_in_place(|| SentinelCluster::start("regreset"));
     let builder = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
         .timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_secs(1));
@@ -408,18 +408,8 @@ async fn a_reset_announced_after_a_manual_failover_reaches_every_follower() {
     );
     tokio::task::block_in_place(|| topology.wait_replica_synced(Duration::from_secs(5)));
 
-    let mut sentinel = topology.sentinels()[1]
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let start = Instant::now();
-    redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(topology.master_name())
-        .exec_async(&mut sentinel)
-        .await
-        .unwrap();
+    tokio::task::block_in_place(|| topology.fail_over_via(1));
     tokio::task::block_in_place(|| topology.wait_for_failover(Duration::from_secs(20)));
     // The followers' subscriptions move within a resubscription's back-off (100 ms).
     tokio::time::sleep(Duration::from_secs(1)).await;
