@@ -439,8 +439,8 @@ impl RedisStoreBuilder {
     ///   store's calls do (the sentinels watched; a call that meets a dead or deposed primary
     ///   fails, and the next goes to the primary named then). Each
     ///   [`subscribe`](RedisRegistry::subscribe) goes to the primary named when it is made, so
-    ///   a [`PolicyFollower`](https://docs.rs/tollgate) whose subscription's server died
-    ///   subscribes again on the promoted replica. The primary is resolved and answers a
+    ///   a [`PolicyFollower`](https://docs.rs/tollgate) whose subscription's server died or
+    ///   was deposed (the subscription ends then) subscribes again on the promoted replica. The primary is resolved and answers a
     ///   `PING` within the [connect timeout](Self::connect_timeout), or this fails.
     /// - A Cluster: [`RedisRegistry::connect`] with the first initial node that answers.
     ///

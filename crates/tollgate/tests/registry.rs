@@ -677,3 +677,25 @@ async fn a_follower_relying_on_notifications_subscribes_again_after_losing_its_s
     converge(std::slice::from_mut(&mut f), 4, Duration::from_secs(5)).await;
     assert_eq!(l.policy(), g4);
 }
+
+/// A single server's store builder gives a registry on its URL, under the builder's prefix.
+#[tokio::test]
+async fn a_store_builder_gives_a_registry_on_its_server_and_prefix() {
+    let server = RedisServer::start();
+    let builder = tollgate::redis::RedisStore::builder(server.url()).prefix("svc:");
+    let reg = builder.build_registry().await.unwrap();
+    assert_eq!(reg.key(), "svc:registry");
+    let g1 = spec("fixed-window:limit=10,window=1m,generation=1,transition=reset");
+    assert_eq!(reg.publish("api", &g1).await.unwrap(), Published::Stored);
+    let by_url = RedisRegistry::connect(&server.url(), "svc:", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(by_url.get("api").await.unwrap(), Some(g1));
+    assert!(
+        tollgate::redis::RedisStore::builder(server.url())
+            .prefix("bad prefix")
+            .build_registry()
+            .await
+            .is_err()
+    );
+}
