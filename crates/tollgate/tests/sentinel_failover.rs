@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::limiter_with_breaker;
-use tollgate::redis::{Published, RedisStore};
+use tollgate::redis::{Published, RedisStore, RedisStoreBuilder};
 use tollgate::registry::PolicyFollower;
 use tollgate::{
     Acquire, Enforcement, Error, ErrorClass, FailureMode, Key, Limiter, Policy, Rate, Store,
@@ -276,6 +276,13 @@ async fn limiters_ride_out_a_sentinel_failover_and_resume_on_the_promoted_replic
     );
 }
 
+/// The builder of the registry tests' stores and registries on `topology`.
+fn registry_builder(topology: &SentinelCluster) -> RedisStoreBuilder {
+    RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
+        .timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1))
+}
+
 /// Policy `g` of the registry test: a fixed window, generation `g`.
 fn generation(g: u64) -> Policy {
     Policy::fixed_window(10, Duration::from_secs(3600))
@@ -291,9 +298,7 @@ fn generation(g: u64) -> Policy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_built_for_sentinel_follows_the_primary_through_a_failover() {
     let mut topology = tokio::task::block_in_place(|| SentinelCluster::start("registry"));
-    let builder = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
-        .timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(1));
+    let builder = registry_builder(&topology);
     let registry = builder
         .build_registry()
         .await
@@ -376,9 +381,7 @@ async fn a_registry_built_for_sentinel_follows_the_primary_through_a_failover() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_announced_after_a_manual_failover_reaches_every_follower() {
     let mut topology = tokio::task::block_in_place(|| SentinelCluster::start("regreset"));
-    let builder = RedisStore::sentinel(topology.master_name(), topology.sentinel_urls())
-        .timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(1));
+    let builder = registry_builder(&topology);
     let policy: Policy = "token-bucket:capacity=1,rate=1,period=1h".parse().unwrap();
     let mut instances = Vec::new();
     for _ in 0..2 {
