@@ -105,13 +105,13 @@ pub(crate) struct LoadArgs {
     /// Measure a bare `PING` round trip instead of decisions, with the same tasks and bounds,
     /// on one multiplexed connection per instance (the store's protocol, `--timeout` as each
     /// call's deadline; not with `--pool`): the baseline for decision latency.
-    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "pool"])]
+    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "pool", "sentinel", "cluster"])]
     ping: bool,
     /// Run the policy's script by a bare `EVALSHA` on the instance's connection (no limiter,
     /// breaker, deadline or decision decoding), with the same keys, tasks and bounds: with
     /// `--ping`, it splits a decision's latency into the round trip, the script's run in
     /// Redis, and tollgate's own work.
-    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "ping", "pool"])]
+    #[arg(long, requires = "redis", conflicts_with_all = ["batch", "deny_cache", "ping", "pool", "sentinel", "cluster"])]
     bare_script: bool,
     /// Run the Lua script in this file by a bare `EVALSHA` with one key (the key a decision
     /// uses, `<prefix>{load:k<i>}`) and no arguments, instead of decisions: the latency floor of
@@ -120,7 +120,7 @@ pub(crate) struct LoadArgs {
         long,
         value_name = "PATH",
         requires = "redis",
-        conflicts_with_all = ["batch", "deny_cache", "ping", "bare_script", "compare_redis_benchmark", "pool"]
+        conflicts_with_all = ["batch", "deny_cache", "ping", "bare_script", "compare_redis_benchmark", "pool", "sentinel", "cluster"]
     )]
     eval_file: Option<std::path::PathBuf>,
     /// After the run, run the same script, argument, keys, visiting order, concurrency and
@@ -129,7 +129,7 @@ pub(crate) struct LoadArgs {
     /// ratio to it. Each of the three runs then has keys of its own:
     /// `<prefix>cmp<nonce>.<run>:{load:k<i>}` (run 0 is tollgate's), so none starts on buckets
     /// another left. Not with `--ping` or `--deny-cache`, whose runs do other work.
-    #[arg(long, requires = "redis", conflicts_with_all = ["ping", "deny_cache"])]
+    #[arg(long, requires = "redis", conflicts_with_all = ["ping", "deny_cache", "sentinel", "cluster"])]
     compare_redis_benchmark: bool,
     /// Make every connection of the store's pool before the clock starts, each answering a
     /// `PING` (`RedisStore::connect_all`, as a service that calls it at startup), so that every
@@ -137,10 +137,12 @@ pub(crate) struct LoadArgs {
     /// service: a connection is made only when a call finds none idle, so on one runtime
     /// thread a pool of any size keeps the one connection it starts with, and on more threads
     /// it grows as contention asks, its connects inside the timed run (~1 ms at 64 tasks).
-    /// Not with `--multiplexed`, `--ping`, `--bare-script` or `--eval-file`, which use no pool.
+    /// Not with `--multiplexed`, `--ping`, `--bare-script` or `--eval-file`, which use no pool
+    /// (with `--sentinel`, the primary answers a `PING` first; a Cluster's nodes are connected
+    /// when the store is made in any case).
     #[arg(
         long,
-        requires = "redis",
+        requires = "redis_target",
         conflicts_with_all = ["multiplexed", "ping", "bare_script", "eval_file"]
     )]
     connect_all: bool,
@@ -512,7 +514,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     for _ in 0..args.instances {
         probes.push(
             if args.ping || args.bare_script || args.eval_file.is_some() {
-                let url = store.redis.as_deref().unwrap_or_default();
+                let url = store.target.redis.as_deref().unwrap_or_default();
                 // the store's protocol, so the probes' round trips are the decisions'
                 let mut conn = tollgate::redis::client_for(url)?
                     .get_multiplexed_async_connection()
@@ -772,7 +774,7 @@ pub(crate) async fn run(args: LoadArgs) -> Result<()> {
     };
     let mut summary = summary;
     if let Some(prefixes) = &prefixes
-        && let Some(url) = &args.store.redis
+        && let Some(url) = &args.store.target.redis
     {
         summary.redis_benchmark = crate::compare::run(
             url,

@@ -5,6 +5,7 @@ mod compare;
 mod load;
 mod policy;
 mod serve;
+mod target;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -13,7 +14,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use tollgate::redis::redact_url;
 use tollgate::{FailureMode, Key, Limiter, LocalStore, Policy, Store};
 
 /// Writes one line to standard output: [`write_stdout`] with a newline.
@@ -50,7 +50,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Make one decision and print it as JSON. Without --redis, on a fresh in-process store:
+    /// Make one decision and print it as JSON. Without a Redis, on a fresh in-process store:
     /// every invocation starts from a full bucket.
     Check(CheckArgs),
     /// Run a bounded load from several independent limiter instances and print a summary.
@@ -68,21 +68,19 @@ enum Command {
 /// Where buckets live.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct StoreArgs {
-    /// Use the Redis server at this URL (redis://host:port, redis://user:pass@host:port/db;
-    /// one server: no Sentinel or Cluster, and no rediss://, this binary is built without
-    /// TLS). Without it, the embedded local store is used.
-    #[arg(long, value_name = "URL")]
-    redis: Option<String>,
-    /// Key prefix in Redis (with --redis).
-    #[arg(long, default_value = "tollgate:", requires = "redis")]
+    #[command(flatten)]
+    pub(crate) target: target::RedisTarget,
+    /// Key prefix in Redis (with --redis, --sentinel or --cluster).
+    #[arg(long, default_value = "tollgate:", requires = "redis_target")]
     prefix: String,
     /// Use a bb8 connection pool of this size, at least 1 (default: the store's default
-    /// pool, 4; with --redis).
-    #[arg(long, value_name = "SIZE", conflicts_with = "multiplexed", requires = "redis", value_parser = clap::value_parser!(u32).range(1..))]
+    /// pool, 4; with --redis: a Sentinel store keeps one multiplexed connection to the
+    /// primary, a Cluster store one per node).
+    #[arg(long, value_name = "SIZE", conflicts_with_all = ["multiplexed", "sentinel", "cluster"], requires = "redis", value_parser = clap::value_parser!(u32).range(1..))]
     pool: Option<u32>,
     /// Use one multiplexed connection (redis-rs's ConnectionManager) instead of a pool (with
     /// --redis).
-    #[arg(long, requires = "redis")]
+    #[arg(long, requires = "redis", conflicts_with_all = ["sentinel", "cluster"])]
     multiplexed: bool,
     /// Per-call deadline, above zero.
     #[arg(long, default_value = "250ms", value_parser = deadline)]
@@ -112,15 +110,11 @@ impl StoreArgs {
     }
 
     async fn open(&self, connect_all: bool) -> Result<Arc<dyn Store>> {
-        let Some(url) = &self.redis else {
+        let Some(builder) = self.redis_builder()? else {
             return Ok(Arc::new(LocalStore::new()));
         };
-        let connecting = || format!("connecting to {}", redact_url(url));
-        let store = self
-            .redis_builder(url)
-            .build()
-            .await
-            .with_context(connecting)?;
+        let connecting = || format!("connecting to {}", self.target.describe());
+        let store = builder.build().await.with_context(connecting)?;
         if connect_all {
             store.connect_all().await.with_context(connecting)?;
         }
@@ -130,15 +124,14 @@ impl StoreArgs {
     /// As [`StoreArgs::connect`], for a long-running server: a Redis that cannot be reached
     /// (or answers too late) at startup is not fatal. It is logged, and the store connects
     /// when Redis answers; until then each limiter applies its failure mode, as it does when
-    /// Redis goes away later. A configuration that can never work is still an error.
+    /// Redis goes away later. A configuration that can never work is still an error, and so
+    /// is a Cluster that cannot be reached (its slot map is read when the store is made).
     pub(crate) async fn connect_or_defer(&self) -> Result<Arc<dyn Store>> {
-        let Some(url) = &self.redis else {
+        // a URL that can never work is an error now, not a Redis "that cannot be reached yet"
+        let Some(builder) = self.redis_builder()? else {
             return self.connect().await;
         };
-        // A URL that can never work is an error now, not a Redis "that cannot be reached yet".
-        redis::Client::open(url.as_str())
-            .with_context(|| format!("invalid Redis URL {}", redact_url(url)))?;
-        match self.redis_builder(url).build().await {
+        match builder.clone().build().await {
             Ok(store) => Ok(Arc::new(store)),
             Err(error) if error.class() == tollgate::ErrorClass::Unavailable => {
                 // The URL is not logged: it may carry a password.
@@ -146,34 +139,31 @@ impl StoreArgs {
                     %error,
                     "Redis cannot be reached at startup; serving with each route's failure mode until it answers"
                 );
-                let store = self
-                    .redis_builder(url)
-                    .build_lazy()
-                    .await
-                    .with_context(|| format!("configuring the store for {}", redact_url(url)))?;
+                let store = builder.build_lazy().await.with_context(|| {
+                    format!("configuring the store for {}", self.target.describe())
+                })?;
                 Ok(Arc::new(store))
             }
-            Err(error) => Err(error).with_context(|| format!("connecting to {}", redact_url(url))),
+            Err(error) => {
+                Err(error).with_context(|| format!("connecting to {}", self.target.describe()))
+            }
         }
     }
 
-    fn redis_builder(&self, url: &str) -> tollgate::redis::RedisStoreBuilder {
-        let builder = tollgate::redis::RedisStore::builder(url.to_owned())
-            .prefix(self.prefix.clone())
-            .timeout(self.timeout);
-        match (self.pool, self.multiplexed) {
+    fn redis_builder(&self) -> Result<Option<tollgate::redis::RedisStoreBuilder>> {
+        let Some(builder) = self.target.builder()? else {
+            return Ok(None);
+        };
+        let builder = builder.prefix(self.prefix.clone()).timeout(self.timeout);
+        Ok(Some(match (self.pool, self.multiplexed) {
             (Some(size), _) => builder.pool(size),
             (None, true) => builder.multiplexed(),
             (None, false) => builder,
-        }
+        }))
     }
 
     pub(crate) fn label(&self) -> &'static str {
-        if self.redis.is_some() {
-            "redis"
-        } else {
-            "local"
-        }
+        self.target.label()
     }
 }
 

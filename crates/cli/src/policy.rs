@@ -6,7 +6,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use tollgate::Policy;
-use tollgate::redis::{Published, RedisRegistry, redact_url};
+use tollgate::redis::{Published, RedisRegistry};
+
+use crate::target::RedisTarget;
 
 /// The registry commands.
 #[derive(Args, Debug)]
@@ -24,12 +26,12 @@ enum PolicyCommand {
     Show(ShowArgs),
 }
 
-/// Where the registry lives.
+/// Where the registry lives: one of --redis, --sentinel and --cluster is required.
 #[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("registry_target").required(true).args(["redis", "sentinel", "cluster"]))]
 struct RegistryArgs {
-    /// The Redis server holding the registry.
-    #[arg(long, value_name = "URL")]
-    redis: String,
+    #[command(flatten)]
+    target: RedisTarget,
     /// Key prefix in Redis (the stores' prefix).
     #[arg(long, default_value = "tollgate:")]
     prefix: String,
@@ -39,10 +41,20 @@ struct RegistryArgs {
 }
 
 impl RegistryArgs {
+    /// The registry on the Redis named: a single server's, or the one
+    /// [`build_registry`](tollgate::redis::RedisStoreBuilder::build_registry) gives on the
+    /// primary the sentinels name or on a Cluster.
     async fn connect(&self) -> Result<RedisRegistry> {
-        RedisRegistry::connect(&self.redis, &self.prefix, self.timeout)
+        let builder = self
+            .target
+            .builder()?
+            .context("give the registry's Redis: --redis, --sentinel with --master, or --cluster")?
+            .prefix(self.prefix.clone())
+            .timeout(self.timeout);
+        builder
+            .build_registry()
             .await
-            .with_context(|| format!("connecting to the registry at {}", redact_url(&self.redis)))
+            .with_context(|| format!("connecting to the registry on {}", self.target.describe()))
     }
 }
 

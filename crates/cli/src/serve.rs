@@ -1,7 +1,9 @@
 //! `tollgate serve`: a small demo HTTP service with a rate-limited route per policy-file
 //! entry (the built-in file has three, each under a different algorithm), on the local store
-//! or, with `--redis`, on a Redis shared by every process started against it. A Redis that is
-//! down at startup is not fatal: the routes apply their failure modes until it answers.
+//! or, with `--redis` (or `--sentinel … --master`, or `--cluster`), on a Redis shared by every
+//! process started against it. A Redis that is down at startup is not fatal: the routes apply
+//! their failure modes until it answers (a Cluster must answer at startup, as its slot map is
+//! read when the store is made).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;

@@ -440,8 +440,9 @@ impl RedisStoreBuilder {
     ///   fails, and the next goes to the primary named then). Each
     ///   [`subscribe`](RedisRegistry::subscribe) goes to the primary named when it is made, so
     ///   a [`PolicyFollower`](https://docs.rs/tollgate) whose subscription's server died or
-    ///   was deposed (the subscription ends then) subscribes again on the promoted replica. The primary is resolved and answers a
-    ///   `PING` within the [connect timeout](Self::connect_timeout), or this fails.
+    ///   was deposed (the subscription ends then) subscribes again on the promoted replica.
+    ///   The primary is resolved and answers a `PING` within the
+    ///   [connect timeout](Self::connect_timeout), or this fails.
     /// - A Cluster: [`RedisRegistry::connect`] with the first initial node that answers.
     ///
     /// ```no_run
