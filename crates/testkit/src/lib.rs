@@ -10,6 +10,7 @@ pub mod clock;
 pub mod cluster;
 pub mod conformance;
 pub mod logs;
+pub mod ports;
 pub mod proxy;
 pub mod sentinel;
 pub mod server;

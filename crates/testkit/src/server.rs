@@ -143,7 +143,7 @@ impl RedisServerBuilder {
             paused: false,
         };
         for attempt in 1..=FRESH_PORT_ATTEMPTS {
-            server.port = redis_test::utils::get_random_available_port();
+            server.port = crate::ports::fresh_port();
             match server.spawn_and_wait() {
                 Ok(()) => return server,
                 Err(Startup::PortTaken(_)) if attempt < FRESH_PORT_ATTEMPTS => {}

@@ -16,7 +16,6 @@
 //! # drop(server);
 //! ```
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -140,13 +139,11 @@ pub fn server_args(dir: &Path, port: u16, cert: &str, ca: &str) -> Vec<String> {
     ]
 }
 
-/// A free loopback port (free when asked; another process may take it before it is used).
+/// A free loopback port (free when asked; another process may take it before it is used):
+/// [`ports::fresh_port`](crate::ports::fresh_port).
 ///
 /// # Panics
 /// If no loopback port can be bound.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    crate::ports::fresh_port()
 }
