@@ -1,12 +1,16 @@
-//! `tollgate check|load|policy` with `--sentinel … --master` and with `--cluster`, as a user
+//! `tollgate check|load|policy|serve` with `--sentinel … --master` and with `--cluster`, as a user
 //! runs them: the built binary against real processes (a primary, its replica and 3
 //! sentinels; a 3-primary Cluster) on loopback. Each command decides on, or publishes to, the
 //! Redis that `--redis` on the same server sees: one quota, one registry.
 
 use std::process::{Command, Output};
 
+use reqwest::StatusCode;
 use tollgate_testkit::cluster::RedisCluster;
 use tollgate_testkit::sentinel::SentinelCluster;
+
+mod common;
+use common::{Serve, client, write_config};
 
 const MASTER: &str = "tollgate";
 /// An ACL user on both data nodes, for `--primary-user`.
@@ -217,6 +221,52 @@ fn cluster_flags_decide_and_publish_on_the_cluster() {
         None,
     ));
     assert_eq!(shown[0]["algorithm"], "sliding_log");
+}
+
+/// A route that admits 3 requests an hour.
+const ROUTE: &str = r#"
+[[route]]
+name = "quota"
+path = "/quota"
+key = "route"
+policy = "token-bucket:capacity=3,rate=3,period=1h"
+failure_mode = "closed"
+"#;
+
+#[tokio::test]
+async fn serve_through_sentinels_and_on_the_primary_enforce_one_quota() {
+    let topology = SentinelCluster::start(MASTER);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), ROUTE);
+    let sentinels = topology.sentinel_urls().join(",");
+    let primary = format!("redis://127.0.0.1:{}", topology.primary_port());
+    let a = Serve::start(&[
+        "--config",
+        &config,
+        "--sentinel",
+        &sentinels,
+        "--master",
+        MASTER,
+    ]);
+    let b = Serve::start(&["--config", &config, "--redis", &primary]);
+    let http = client();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        statuses.push(
+            http.get(server.url("/quota"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+        );
+    }
+    let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let denied = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((admitted, denied), (3, 3), "{statuses:?}");
 }
 
 #[test]
