@@ -15,12 +15,12 @@ pub(crate) const PRIMARY_PASSWORD_ENV: &str = "TOLLGATE_PRIMARY_PASSWORD";
 /// Clap waives an argument's `requires` when an argument it conflicts with is present, so the
 /// flags of one kind name the other kinds in `conflicts_with_all` rather than rely on
 /// `requires` alone.
-#[derive(Args, Debug, Clone, Default)]
+#[derive(Args, Debug, Clone)]
 #[command(group = clap::ArgGroup::new("redis_target").multiple(true).args(["redis", "sentinel", "cluster"]))]
 pub(crate) struct RedisTarget {
     /// Use the Redis server at this URL (redis://host:port, redis://user:pass@host:port/db; no
     /// rediss://, this binary is built without TLS). Without --redis, --sentinel or --cluster,
-    /// the embedded local store is used.
+    /// `check`, `load` and `serve` use the embedded local store.
     #[arg(long, value_name = "URL", conflicts_with_all = ["sentinel", "cluster"])]
     pub(crate) redis: Option<String>,
     /// Use the primary that these sentinels name for --master, following its failovers
@@ -73,7 +73,10 @@ impl RedisTarget {
             // clap's `requires` makes --master present with --sentinel
             let master = self.master.clone().context("--sentinel needs --master")?;
             let mut builder = RedisStore::sentinel(master, self.sentinel.iter().cloned());
-            let password = std::env::var(PRIMARY_PASSWORD_ENV).ok();
+            // set but empty is no password (`AUTH ""` could only fail)
+            let password = std::env::var(PRIMARY_PASSWORD_ENV)
+                .ok()
+                .filter(|p| !p.is_empty());
             builder = match (&self.primary_user, password) {
                 (Some(user), Some(password)) => builder.primary_credentials(user.clone(), password),
                 (Some(_), None) => {
