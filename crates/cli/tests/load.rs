@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use tollgate_testkit::server::RedisServer;
 
+mod common;
+use common::json;
+
 /// `tollgate load --json` against `server` for `duration`: a token bucket that admits
 /// everything, 2 tasks on 100 keys, 100 ms deadlines, `--fail-mode mode`.
 fn spawn_load(server: &RedisServer, mode: &str, duration: &str) -> std::process::Child {
@@ -196,7 +199,7 @@ fn decisions_the_store_did_not_make_are_not_in_the_rate() {
 #[test]
 fn a_run_the_store_decided_wholly_has_a_rate() {
     let redis = RedisServer::start();
-    let s = json_of(&load(&[
+    let s = json(&load(&[
         "--redis",
         &redis.url(),
         "--fail-mode",
@@ -241,7 +244,7 @@ fn threads_sizes_the_runtime_and_zero_is_refused() {
     };
     for n in [1_u64, 3] {
         let out = run(&n.to_string());
-        let s = json_of(&out);
+        let s = json(&out);
         assert_eq!(s["runtime_threads"], n);
         assert_eq!(s["requests"], 1000);
     }
@@ -275,7 +278,7 @@ fn eval_file_runs_the_script_on_the_decision_keys() {
             .expect("the tollgate binary runs")
     };
     let out = run(&script);
-    let s = json_of(&out);
+    let s = json(&out);
     assert_eq!(s["store"], "redis-eval-file");
     assert_eq!(s["requests"], 30);
     assert_eq!(s["errors"], 0);
@@ -298,16 +301,6 @@ fn eval_file_runs_the_script_on_the_decision_keys() {
         err.contains("--eval-file") && err.contains("missing.lua"),
         "{err}"
     );
-}
-
-/// The JSON a successful run printed (its stderr shown if it failed).
-fn json_of(out: &std::process::Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
 
 /// `tollgate load ARGS` on the local store, as a user runs it.
@@ -523,7 +516,7 @@ fn errors_are_not_counted_as_decisions() {
         "--compare-redis-benchmark",
         "--json",
     ]);
-    let s = json_of(&out);
+    let s = json(&out);
     let n = |k: &str| s[k].as_u64().expect("a count");
     assert_eq!(n("requests"), 2000);
     assert_eq!(n("allowed") + n("denied") + n("errors"), 2000, "{s}");
@@ -562,7 +555,7 @@ fn the_ceiling_visits_the_load_runs_keys_on_keys_of_its_own() {
         "--compare-redis-benchmark",
         "--json",
     ]);
-    let s = json_of(&out);
+    let s = json(&out);
     assert_eq!(s["errors"], 0, "{s}");
     let mut conn = redis.client().get_connection().unwrap();
     let names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
@@ -761,7 +754,7 @@ fn a_run_prints_a_policy_its_own_flag_reads_back() {
         "sliding-log:limit=20,window=10s",
     ] {
         let run = |policy: &str| {
-            json_of(&load(&["--policy", policy, "--requests", "10", "--json"]))["policy"]
+            json(&load(&["--policy", policy, "--requests", "10", "--json"]))["policy"]
                 .as_str()
                 .expect("a policy string")
                 .to_owned()

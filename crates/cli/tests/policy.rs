@@ -5,6 +5,9 @@ use std::process::{Command, Output};
 
 use tollgate_testkit::server::RedisServer;
 
+mod common;
+use common::json;
+
 /// A `check` of one key under a small token bucket, for tests that add flags to it.
 const CHECK: [&str; 5] = [
     "check",
@@ -19,15 +22,6 @@ fn tollgate(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("the tollgate binary runs")
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
 
 #[test]

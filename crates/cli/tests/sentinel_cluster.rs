@@ -10,7 +10,7 @@ use tollgate_testkit::cluster::RedisCluster;
 use tollgate_testkit::sentinel::SentinelCluster;
 
 mod common;
-use common::{Serve, client, write_config};
+use common::{Serve, client, json, write_config};
 
 const MASTER: &str = "tollgate";
 /// An ACL user on both data nodes, for `--primary-user`.
@@ -28,18 +28,34 @@ fn tollgate(args: &[&str], password: Option<&str>) -> Output {
     command.output().expect("the tollgate binary runs")
 }
 
-fn json(out: &Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
-}
-
 fn failure(out: &Output) -> String {
     assert!(!out.status.success(), "expected a failure: {out:?}");
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `tollgate load` from two instances (4 tasks each) over 50 keys, 400 requests of
+/// [`TWO_AN_HOUR`], on `target`: its summary, once asserted exact (2 admissions per key, every
+/// other request denied, no errors).
+fn load_two_instances(target: &[&str], password: Option<&str>) -> serde_json::Value {
+    let load = [
+        "load",
+        "--policy",
+        TWO_AN_HOUR,
+        "--instances",
+        "2",
+        "--tasks",
+        "4",
+        "--keys",
+        "50",
+        "--requests",
+        "400",
+        "--json",
+    ];
+    let summary = json(&tollgate(&with(&load, target), password));
+    assert_eq!(summary["errors"], 0, "{summary}");
+    assert_eq!(summary["allowed"], 100, "{summary}");
+    assert_eq!(summary["denied"], 300, "{summary}");
+    summary
 }
 
 /// `args` followed by `extra`.
@@ -110,30 +126,8 @@ fn sentinel_flags_reach_the_primary_with_its_credentials_and_database() {
     assert_eq!(third["allowed"], false, "{third}");
 
     // Two instances of `load` through the sentinels: exactly two admissions per key.
-    let summary = json(&tollgate(
-        &with(
-            &[
-                "load",
-                "--policy",
-                TWO_AN_HOUR,
-                "--instances",
-                "2",
-                "--tasks",
-                "4",
-                "--keys",
-                "50",
-                "--requests",
-                "400",
-                "--json",
-            ],
-            &target,
-        ),
-        Some(USER_PASSWORD),
-    ));
+    let summary = load_two_instances(&target, Some(USER_PASSWORD));
     assert_eq!(summary["store"], "sentinel");
-    assert_eq!(summary["errors"], 0, "{summary}");
-    assert_eq!(summary["allowed"], 100, "{summary}");
-    assert_eq!(summary["denied"], 300, "{summary}");
 
     // The credentials are the ones given: a wrong password, or none, is refused loudly.
     let wrong = failure(&tollgate(&with(&check, &target), Some("not-it")));
@@ -168,29 +162,8 @@ fn cluster_flags_decide_and_publish_on_the_cluster() {
     assert_eq!(answers, [true, true, false]);
 
     // 50 keys over the three nodes' slots, two instances: exactly two admissions per key.
-    let summary = json(&tollgate(
-        &with(
-            &[
-                "load",
-                "--policy",
-                TWO_AN_HOUR,
-                "--instances",
-                "2",
-                "--tasks",
-                "4",
-                "--keys",
-                "50",
-                "--requests",
-                "400",
-                "--json",
-            ],
-            &target,
-        ),
-        None,
-    ));
-    assert_eq!(summary["errors"], 0, "{summary}");
-    assert_eq!(summary["allowed"], 100, "{summary}");
-    assert_eq!(summary["denied"], 300, "{summary}");
+    let summary = load_two_instances(&target, None);
+    assert_eq!(summary["store"], "cluster");
     // the keys really are spread: each node holds some of the buckets
     for (i, node) in cluster.nodes().iter().enumerate() {
         let mut conn = node.client().get_connection().unwrap();

@@ -1,10 +1,11 @@
-//! The harness shared by the tests of `tollgate serve`: the built binary on a free loopback
-//! port (killed on drop), an HTTP client, and a redis-server on a frozen clock.
+//! The harness shared by the tests of the `tollgate` binary: `tollgate serve` on a free
+//! loopback port (killed on drop), an HTTP client, a redis-server on a frozen clock, and the
+//! JSON a successful command printed.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -86,4 +87,14 @@ pub fn frozen_redis() -> RedisServer {
     let server = RedisServer::builder().clock_control(true).start();
     server.clock().freeze_at_micros(START_MICROS);
     server
+}
+
+/// The JSON a successful command printed on standard output (its stderr shown if it failed).
+pub fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
