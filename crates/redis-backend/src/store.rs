@@ -207,6 +207,40 @@ impl RedisStore {
         tokio::time::timeout(limit, call).map(move |r| r.unwrap_or(Err(StoreError::Timeout(limit))))
     }
 
+    /// `error` as the caller should see it: a `MOVED` or `ASK` reply to a store configured for
+    /// one server (or a Sentinel primary) is no outage but a misconfiguration — the server is
+    /// a Redis Cluster node, and only the keys of its own slots could be decided — so it is
+    /// reported as [`StoreError::Script`], loudly, instead of an unavailability that a failure
+    /// mode would quietly answer for ever (fail open: every key of another slot admitted).
+    /// A Cluster store follows redirections itself; one still redirected after its 5 is an
+    /// outage, as [`classify`] has it.
+    fn misrouted(&self, error: StoreError) -> StoreError {
+        use redis::{ErrorKind, ServerErrorKind};
+        if matches!(self.inner.conn, Conn::Cluster(_)) {
+            return error;
+        }
+        let redirected = match &error {
+            StoreError::Unavailable {
+                source: Some(source),
+                ..
+            } => source.downcast_ref::<RedisError>().is_some_and(|e| {
+                matches!(
+                    e.kind(),
+                    ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+                )
+            }),
+            _ => false,
+        };
+        if !redirected {
+            return error;
+        }
+        StoreError::Script(format!(
+            "the Redis server redirected the call ({error}): it is a Redis Cluster node, and \
+             this store is configured for a single server (or a Sentinel primary); build it \
+             with RedisStore::cluster"
+        ))
+    }
+
     async fn invoke(
         &self,
         key: &Key,
@@ -353,7 +387,9 @@ fn decision(
 #[async_trait]
 impl Store for RedisStore {
     async fn acquire(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.invoke(key, policy, cost, true).await
+        self.invoke(key, policy, cost, true)
+            .await
+            .map_err(|e| self.misrouted(e))
     }
 
     /// All requests go in one pipeline (one round trip; each request is atomic on its own, in
@@ -396,13 +432,20 @@ impl Store for RedisStore {
             return Err(StoreError::Timeout(left));
         }
         let cut = at - cut_margin(left);
-        tokio::time::timeout_at(at, self.invoke_many(requests, cut))
-            .await
-            .unwrap_or(Err(StoreError::Timeout(left)))
+        match tokio::time::timeout_at(at, self.invoke_many(requests, cut)).await {
+            Ok(Ok(batch)) => Ok(batch
+                .into_iter()
+                .map(|r| r.map_err(|e| self.misrouted(e)))
+                .collect()),
+            Ok(Err(e)) => Err(self.misrouted(e)),
+            Err(_) => Err(StoreError::Timeout(left)),
+        }
     }
 
     async fn peek(&self, key: &Key, policy: &Policy, cost: u64) -> Result<Decision, StoreError> {
-        self.invoke(key, policy, cost, false).await
+        self.invoke(key, policy, cost, false)
+            .await
+            .map_err(|e| self.misrouted(e))
     }
 
     async fn reset(&self, key: &Key, policy: &Policy) -> Result<(), StoreError> {
@@ -417,6 +460,7 @@ impl Store for RedisStore {
                 .map_err(|e| classify(&e))
         })
         .await
+        .map_err(|e| self.misrouted(e))
     }
 }
 

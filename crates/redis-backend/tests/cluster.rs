@@ -1008,3 +1008,64 @@ async fn the_policy_registry_recovers_when_the_node_it_was_redirected_to_is_gone
         urls[home]
     );
 }
+
+/// A store built for one server but given a Cluster node's URL: the keys of the node's own
+/// slots are decided, and every other key's call is a loud misconfiguration (`Script` class,
+/// naming `RedisStore::cluster`) — never an outage, which a failure mode would answer for
+/// ever (fail open: all of those keys admitted). The same for a batch and for the transaction
+/// a batch repeating a key is sent as, for `peek` and for `reset`.
+#[tokio::test]
+async fn a_single_server_store_on_a_cluster_node_says_it_is_misconfigured() {
+    use tollgate_core::{Acquire, ErrorClass, StoreError};
+
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::builder(cluster.urls()[0].clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("a single-server store connects to a Cluster node");
+    let policy = Policy::token_bucket(100, Rate::new(1, HOUR)).unwrap();
+    let on = |node: usize| {
+        (0..10_000)
+            .map(|i| Key::new("misrouted", [format!("k{i}")]).unwrap())
+            .find(|k| cluster.nodes_for_keys([store.redis_key(k, &policy)])[0] == node)
+            .unwrap()
+    };
+    let (own, other) = (on(0), on(1));
+    assert_eq!(store.acquire(&own, &policy, 1).await.unwrap().remaining, 99);
+
+    let misconfigured = |what: &str, e: &StoreError| {
+        assert_eq!(e.class(), ErrorClass::Script, "{what}: {e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("Cluster node") && text.contains("RedisStore::cluster"),
+            "{what}: {text}"
+        );
+    };
+    misconfigured(
+        "acquire",
+        &store.acquire(&other, &policy, 1).await.unwrap_err(),
+    );
+    misconfigured("peek", &store.peek(&other, &policy, 1).await.unwrap_err());
+    misconfigured("reset", &store.reset(&other, &policy).await.unwrap_err());
+
+    let request = |key| Acquire {
+        key,
+        policy: &policy,
+        cost: 1,
+    };
+    let batch = store
+        .acquire_many(&[request(&own), request(&other)])
+        .await
+        .unwrap();
+    assert_eq!(batch[0].as_ref().unwrap().remaining, 98);
+    misconfigured("batch", batch[1].as_ref().unwrap_err());
+    // a repeated key: one transaction per key
+    let batch = store
+        .acquire_many(&[request(&other), request(&other), request(&own)])
+        .await
+        .unwrap();
+    misconfigured("transaction", batch[0].as_ref().unwrap_err());
+    misconfigured("transaction", batch[1].as_ref().unwrap_err());
+    assert_eq!(batch[2].as_ref().unwrap().remaining, 97);
+}
