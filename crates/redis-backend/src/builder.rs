@@ -493,15 +493,7 @@ impl RedisStoreBuilder {
                         Err(e) => last = Some(e),
                     }
                 }
-                Err(last.unwrap_or_else(|| {
-                    RegistryError::Store(invalid(
-                        "cluster configuration",
-                        redis::RedisError::from((
-                            redis::ErrorKind::InvalidClientConfig,
-                            "no initial nodes",
-                        )),
-                    ))
-                }))
+                Err(last.unwrap_or_else(|| RegistryError::Store(no_cluster_nodes())))
             }
         }
     }
@@ -600,13 +592,7 @@ impl RedisStoreBuilder {
                 .map(|conn| Conn::Sentinel(Arc::new(conn))),
             Target::Cluster(RedactedUrls(nodes)) => {
                 if nodes.is_empty() {
-                    return Err(StoreError::unavailable(
-                        "no cluster nodes given".to_owned(),
-                        redis::RedisError::from((
-                            redis::ErrorKind::InvalidClientConfig,
-                            "no initial nodes",
-                        )),
-                    ));
+                    return Err(no_cluster_nodes());
                 }
                 // A node reached directly (see `Cluster`) gets the first node's settings: over
                 // RESP3 unless its URL names a protocol, as every node connection.
@@ -642,6 +628,14 @@ impl RedisStoreBuilder {
             }
         }
     }
+}
+
+/// A Cluster configured with no initial node, as the store and the registry report it.
+fn no_cluster_nodes() -> StoreError {
+    StoreError::unavailable(
+        "no cluster nodes given".to_owned(),
+        redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no initial nodes")),
+    )
 }
 
 /// A configuration redis-rs refuses (`what`: which), as the store reports it.

@@ -1789,22 +1789,16 @@ async fn keyed_transactions(
                     .into_iter()
                     .filter_map(|v| v.extract_error().err())
                     .collect();
-                let of = |class| {
-                    refused
-                        .iter()
-                        .find(|e| crate::error::classify(e).class() == class)
-                };
-                let reason = of(tollgate_core::ErrorClass::Unavailable)
-                    .or_else(|| of(tollgate_core::ErrorClass::Busy))
-                    .or(refused.first())
-                    .cloned()
-                    .unwrap_or_else(|| match other.map(Value::extract_error) {
-                        Some(Err(e)) => e,
-                        other => RedisError::from((
-                            ErrorKind::Parse,
-                            "unexpected reply to a key's transaction",
-                            format!("{other:?}"),
-                        )),
+                let reason =
+                    crate::error::telling(&refused).cloned().unwrap_or_else(|| {
+                        match other.map(Value::extract_error) {
+                            Some(Err(e)) => e,
+                            other => RedisError::from((
+                                ErrorKind::Parse,
+                                "unexpected reply to a key's transaction",
+                                format!("{other:?}"),
+                            )),
+                        }
                     });
                 for &i in chain {
                     out[i] = Some(Err(reason.clone()));

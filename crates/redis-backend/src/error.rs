@@ -128,17 +128,22 @@ fn aborted(err: &RedisError) -> StoreError {
                 .collect()
         })
         .unwrap_or_default();
-    let of_class = |class| inner.iter().find(|e| classify(e).class() == class);
-    if let Some(outage) = of_class(ErrorClass::Unavailable) {
-        return classify(outage);
-    }
-    if of_class(ErrorClass::Busy).is_some() {
+    match telling(&inner) {
         // the whole abort's text: every refused command
-        return StoreError::Busy(err.to_string());
+        Some(e) if classify(e).class() == ErrorClass::Busy => StoreError::Busy(err.to_string()),
+        Some(e) => classify(e),
+        None => StoreError::Script(err.to_string()),
     }
-    inner
-        .first()
-        .map_or_else(|| StoreError::Script(err.to_string()), classify)
+}
+
+/// Of the errors a refused transaction's commands met, the one that tells why it was refused:
+/// an outage, else a busy server, else the first.
+pub(crate) fn telling(errors: &[RedisError]) -> Option<&RedisError> {
+    use tollgate_core::ErrorClass;
+    let of_class = |class| errors.iter().find(|e| classify(e).class() == class);
+    of_class(ErrorClass::Unavailable)
+        .or_else(|| of_class(ErrorClass::Busy))
+        .or(errors.first())
 }
 
 /// Whether `err` is a `NOSCRIPT` reply: the server's script cache lost the script.
